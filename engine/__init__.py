@@ -1,0 +1,1 @@
+"""aijob engine: durable, observable AI jobs (ADR-003) on peewee, Redis lists and bottle."""

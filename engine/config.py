@@ -1,0 +1,163 @@
+"""Every setting, declared once: environment name, default, validation and help.
+
+``Config.from_env()`` parses them all at start-up; a bad value raises ``ConfigError`` with one
+line that names the variable, which the CLI prints instead of a traceback.
+"""
+import os
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from .errors import ConfigError
+
+
+# ---------------------------------------------------------------- value parsers
+def database_url(value):
+    parts = urlsplit(value)
+    if parts.scheme == 'sqlite' and value.startswith('sqlite:///') and len(value) > len('sqlite:///'):
+        return value
+    if parts.scheme in ('mysql', 'mariadb') and parts.hostname and parts.path.strip('/'):
+        return value
+    raise ValueError('expected sqlite:///PATH or mysql://USER:PASS@HOST:PORT/DB')
+
+
+def redis_url(value):
+    if value == '':
+        return None
+    parts = urlsplit(value)
+    if parts.scheme in ('redis', 'rediss', 'unix') and (parts.hostname or parts.path):
+        return value
+    raise ValueError('expected redis://HOST:PORT/DB, or empty for the in-memory queue')
+
+
+def positive_int(value):
+    number = int(value)
+    if number <= 0:
+        raise ValueError('expected a whole number above 0')
+    return number
+
+
+def non_negative_int(value):
+    number = int(value)
+    if number < 0:
+        raise ValueError('expected a whole number, 0 or more')
+    return number
+
+
+def module_list(value):
+    names = [name.strip() for name in value.split(',') if name.strip()]
+    for name in names:
+        if not re.match(r'^[A-Za-z_][\w.]*$', name):
+            raise ValueError('%r is not a module name' % name)
+    return tuple(names)
+
+
+def key_prefix(value):
+    if not re.match(r'^[A-Za-z0-9_.:-]{1,64}$', value):
+        raise ValueError('expected 1-64 letters, digits or _.:-')
+    return value
+
+
+def text(value):
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    env: str
+    default: str
+    parse: callable
+    help: str
+
+    @property
+    def attr(self):
+        return self.env[len('AIJOB_'):].lower()
+
+
+SETTINGS = (
+    Setting('AIJOB_DATABASE_URL', 'sqlite:///aijob.db', database_url,
+            'The store: sqlite:///PATH (embedded default) or mysql://USER:PASS@HOST:PORT/DB.'),
+    Setting('AIJOB_REDIS_URL', '', redis_url,
+            'Redis for the queues (redis://HOST:PORT/DB). Unset: the in-memory queue, one process only.'),
+    Setting('AIJOB_REDIS_PREFIX', 'aijob', key_prefix,
+            'Prefix of every Redis key this service writes.'),
+    Setting('AIJOB_DEFINITIONS', '', module_list,
+            'Comma-separated modules whose register(registry) adds application job definitions.'),
+    Setting('AIJOB_DB_POOL_SIZE', '32', positive_int,
+            'Most MySQL connections one process keeps open.'),
+    Setting('AIJOB_LOCK_TTL_MS', '60000', positive_int,
+            'How long a job lock lasts without a heartbeat.'),
+    Setting('AIJOB_HEARTBEAT_MS', '30000', positive_int,
+            'How often a running job extends its lock and checks for cancellation.'),
+    Setting('AIJOB_REAP_AFTER_MS', '90000', positive_int,
+            'A running job whose lock expired this long ago is taken over or failed; also the '
+            'TTL of a consumer heartbeat key.'),
+    Setting('AIJOB_REAPER_INTERVAL_MS', '30000', positive_int,
+            'How often the reaper looks for expired job locks.'),
+    Setting('AIJOB_OUTBOX_LOCK_TTL_MS', '60000', positive_int,
+            'An outbox event claimed (processing) longer than this is released to pending.'),
+    Setting('AIJOB_OUTBOX_POLL_MS', '1000', positive_int,
+            'How often the dispatcher polls the outbox (immediate dispatch is the fast path).'),
+    Setting('AIJOB_OUTBOX_RELEASE_MS', '30000', positive_int,
+            'How often the dispatcher releases expired outbox claims.'),
+    Setting('AIJOB_RECONCILE_AFTER_MS', '60000', positive_int,
+            'A job queued longer than this with no live queue entry is published again.'),
+    Setting('AIJOB_INTERACTIVE_CONCURRENCY', '2', positive_int,
+            'Worker threads for the ai-interactive queue.'),
+    Setting('AIJOB_BACKGROUND_CONCURRENCY', '1', positive_int,
+            'Worker threads for the ai-background queue.'),
+    Setting('AIJOB_SHUTDOWN_GRACE_MS', '30000', positive_int,
+            'On SIGTERM, how long running jobs may finish before they are handed back.'),
+)
+
+_BY_ENV = {setting.env: setting for setting in SETTINGS}
+
+
+class Config:
+    """Parsed settings as attributes: ``AIJOB_DATABASE_URL`` → ``config.database_url``."""
+
+    def __init__(self, values):
+        self.__dict__.update(values)
+
+    @classmethod
+    def from_env(cls, environ=None, **overrides):
+        """Parse every setting from ``environ`` (default ``os.environ``); ``overrides`` are raw
+        strings by env name and win over the environment (tests use them)."""
+        environ = dict(os.environ if environ is None else environ)
+        environ.update(overrides)
+        values = {}
+        for setting in SETTINGS:
+            raw = environ.get(setting.env, setting.default)
+            try:
+                values[setting.attr] = setting.parse(raw)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError('%s=%r is invalid: %s (%s)'
+                                  % (setting.env, raw, exc, setting.help)) from None
+        return cls(values)
+
+    def replace(self, **raw_overrides):
+        """A copy with some settings changed, given as raw strings by env name."""
+        environ = {s.env: _unparse(getattr(self, s.attr)) for s in SETTINGS}
+        environ.update(raw_overrides)
+        return Config.from_env(environ)
+
+    @property
+    def uses_redis(self):
+        return self.redis_url is not None
+
+
+def _unparse(value):
+    if value is None:
+        return ''
+    if isinstance(value, tuple):
+        return ','.join(value)
+    return str(value)
+
+
+def describe():
+    """Help text for every setting, for ``aijob.py config``."""
+    return '\n'.join('%-32s default %-22r %s' % (s.env, s.default, s.help) for s in SETTINGS)
+
+
+def setting(env):
+    return _BY_ENV[env]
