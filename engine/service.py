@@ -35,7 +35,7 @@ class CreateResult(NamedTuple):
 
 class AiJobService:
     def __init__(self, store, registry, lifecycle, outbox, *, instance_id='service',
-                 dispatch_now=None, admission=None):
+                 dispatch_now=None, admission=None, cancel_signal=None):
         self.store = store
         self.registry = registry
         self.lifecycle = lifecycle
@@ -46,6 +46,9 @@ class AiJobService:
         self.dispatch_now = dispatch_now
         # admission(request, definition): per-user limits, checked before anything is written.
         self.admission = admission
+        # cancel_signal(job_id): the fast path telling a running job's worker to stop (the
+        # ``job:cancel:{jobId}`` key); the database flag stays the source of truth.
+        self.cancel_signal = cancel_signal
 
     def create_job(self, request):
         definition = self.registry.get(request.job_type)
@@ -106,6 +109,14 @@ class AiJobService:
         if existing.request_fingerprint != fingerprint:
             raise IdempotencyKeyReusedError(existing.id)
         return CreateResult(existing, False)
+
+    def cancel_job(self, job_id):
+        """Owner's cancel: queued → cancelled at once; running → cancel requested, and the
+        worker is told. Raises JobNotCancellableError / JobAlreadyCancelledError when terminal."""
+        job = self.lifecycle.mark_cancelled(job_id)
+        if job.lifecycle_status == 'running' and self.cancel_signal is not None:
+            self.cancel_signal(job_id)
+        return job
 
     def snapshot(self, job_id):
         """The frozen ``{"input", "overrides"}`` a job runs on."""

@@ -1,0 +1,25 @@
+"""Builds the AI-side collaborators the execution engine resolves a job with: the gateway
+(providers and model routing), credentials, content safety and pricing."""
+from dataclasses import dataclass
+
+from .providers import (AiGateway, ContentSafety, CostCalculator, CredentialResolver,
+                        SyntheticProvider)
+
+
+@dataclass
+class AiServices:
+    gateway: AiGateway
+    credentials: CredentialResolver
+    safety: ContentSafety
+    pricing: CostCalculator
+
+
+def build_ai_services(config, store):
+    """The default: the offline synthetic provider, platform-key credentials, no safety policy
+    and zero prices."""
+    return AiServices(
+        gateway=AiGateway([SyntheticProvider()], default_provider='synthetic'),
+        credentials=CredentialResolver(platform_api_key=None),
+        safety=ContentSafety(),
+        pricing=CostCalculator(),
+    )
