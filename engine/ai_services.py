@@ -12,6 +12,12 @@ class AiServices:
     credentials: CredentialResolver
     safety: ContentSafety
     pricing: CostCalculator
+    credential_store: object = None     # user keys (issue 5): register/list/delete/decrypt
+
+    def platform_available(self, definition):
+        """Can a job of ``definition`` run in platform_key mode here? (No platform key for a
+        provider that needs one → PLATFORM_UNAVAILABLE at creation.)"""
+        return True
 
 
 def build_ai_services(config, store):

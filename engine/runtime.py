@@ -3,6 +3,7 @@ the tests alike."""
 import os
 import socket
 
+from .ai_services import build_ai_services
 from .lifecycle import AiJobLifecycleRepository
 from .outbox import OutboxRepository
 from .registry import JobDefinitionRegistry
@@ -37,6 +38,7 @@ class Runtime:
         self.outbox = OutboxRepository(self.store, lock_ttl_ms=config.outbox_lock_ttl_ms)
         self.service = AiJobService(self.store, self.registry, self.lifecycle, self.outbox,
                                     instance_id=self.instance_id)
+        self.ai = build_ai_services(config, self.store)
 
     def close(self):
         self.store.close()

@@ -341,27 +341,17 @@ class Store:
 
     # -- the database clock (DESIGN decision 2)
     def now(self):
-        return self.now_plus_ms(0)
+        return db_now()
 
     def now_plus_ms(self, ms):
-        """SQL for the database clock's UTC time plus ``ms`` milliseconds (negative: minus)."""
-        if self.dialect == 'mysql':
-            if not ms:
-                return peewee.SQL('UTC_TIMESTAMP(6)')
-            return peewee.SQL('(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)', (int(ms) * 1000,))
-        return peewee.SQL("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)",
-                          ('%+.3f seconds' % (ms / 1000.0),))
+        return db_now(ms)
 
     def clock(self):
         """The database clock as a naive UTC datetime."""
-        value = self.db.execute_sql('SELECT ' + self._now_sql()).fetchone()[0]
+        value = self.db.execute_sql('SELECT ' + _now_sql(self.db)).fetchone()[0]
         if isinstance(value, str):
             value = datetime.datetime.fromisoformat(value)
         return value
-
-    def _now_sql(self):
-        return 'UTC_TIMESTAMP(6)' if self.dialect == 'mysql' else \
-            "strftime('%Y-%m-%d %H:%M:%f', 'now')"
 
     # -- schema
     def create_schema(self, schema_sql_path=None):
@@ -391,6 +381,24 @@ class Store:
             self.db.close_all()
         elif not self.db.is_closed():
             self.db.close()
+
+
+def db_now(ms=0):
+    """SQL for the bound database's clock, UTC, plus ``ms`` milliseconds (negative: minus)."""
+    if not isinstance(database.obj, peewee.SqliteDatabase):
+        if not ms:
+            return peewee.SQL('UTC_TIMESTAMP(6)')
+        return peewee.SQL('(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)', (int(ms) * 1000,))
+    if not ms:
+        return peewee.SQL(_SQLITE_NOW)
+    return peewee.SQL("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", ('%+.3f seconds' % (ms / 1000.0),))
+
+
+_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+
+
+def _now_sql(db):
+    return _SQLITE_NOW if isinstance(db, peewee.SqliteDatabase) else 'UTC_TIMESTAMP(6)'
 
 
 def default_schema_path():

@@ -1,0 +1,80 @@
+"""ResultProjector (ADR §6): writes a job's validated output where the application reads it, in
+the same transaction that marks the job succeeded. The built-in projector keeps the whole output
+as one JSON artifact."""
+from dataclasses import dataclass, field
+
+from .canonical import canonical_hash
+from .store import AiArtifact, AiJobArtifact, IntegrityError, database, db_now, new_id
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    artifact_type: str
+    artifact_id: str
+    ordinal: int = 0
+
+
+@dataclass
+class ProjectionResult:
+    artifacts: list = field(default_factory=list)      # of ArtifactRef
+
+
+class ResultProjector:
+    """``project`` runs inside the transaction ``tx`` (ADR §6.2) and must be idempotent: a
+    second projection of the same job returns the existing references (ADR §6.3)."""
+    key = None
+
+    def project(self, tx, job, validated_output):
+        raise NotImplementedError
+
+
+def link_artifact(tx, job, ref):
+    """Record ``ref`` in ai_job_artifact; a duplicate is an idempotent success (ADR §6.3)."""
+    try:
+        with database.atomic():                        # savepoint: the outer tx stays usable
+            AiJobArtifact.insert(job_id=job.id, artifact_type=ref.artifact_type,
+                                 artifact_id=ref.artifact_id, ordinal=ref.ordinal,
+                                 created_at=db_now()).execute()
+    except IntegrityError:
+        pass
+    return ref
+
+
+def store_json_artifact(tx, job, artifact_type, content, ordinal=0):
+    """Keep ``content`` as an ai_artifact row linked to the job; the same (job, type, ordinal)
+    projected twice yields the first row."""
+    existing = (AiJobArtifact.select().where(
+        (AiJobArtifact.job_id == job.id) & (AiJobArtifact.artifact_type == artifact_type)
+        & (AiJobArtifact.ordinal == ordinal)).first())
+    if existing is not None:
+        return ArtifactRef(artifact_type, existing.artifact_id, ordinal)
+    artifact_id = new_id()
+    AiArtifact.insert(id=artifact_id, job_id=job.id, artifact_type=artifact_type,
+                      content=content, content_hash=canonical_hash(content),
+                      created_at=db_now()).execute()
+    return link_artifact(tx, job, ArtifactRef(artifact_type, artifact_id, ordinal))
+
+
+class JsonArtifactProjector(ResultProjector):
+    """The default: the validated output, whole, as one ``json`` artifact."""
+    key = 'json_artifact'
+
+    def project(self, tx, job, validated_output):
+        return ProjectionResult([store_json_artifact(tx, job, 'json', validated_output)])
+
+
+class ProjectorRegistry:
+    def __init__(self, projectors=()):
+        self._projectors = {}
+        for projector in (JsonArtifactProjector(),) + tuple(projectors):
+            self.add(projector)
+
+    def add(self, projector):
+        self._projectors[projector.key] = projector
+
+    def for_definition(self, definition):
+        key = definition.projector or JsonArtifactProjector.key
+        try:
+            return self._projectors[key]
+        except KeyError:
+            raise LookupError('no projector %r registered' % key) from None
