@@ -1,6 +1,8 @@
 """Builds the AI-side collaborators the execution engine resolves a job with: the gateway
 (providers and model routing), credentials, content safety and pricing."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .projectors import ProjectorRegistry
 
 from .providers import (AiGateway, ContentSafety, CostCalculator, CredentialResolver,
                         SyntheticProvider)
@@ -13,6 +15,7 @@ class AiServices:
     safety: ContentSafety
     pricing: CostCalculator
     credential_store: object = None     # user keys (issue 5): register/list/delete/decrypt
+    projectors: ProjectorRegistry = field(default_factory=ProjectorRegistry)
 
     def platform_available(self, definition):
         """Can a job of ``definition`` run in platform_key mode here? (No platform key for a
