@@ -44,6 +44,13 @@ def non_negative_int(value):
     return number
 
 
+def port_number(value):
+    number = int(value)
+    if not 1 <= number <= 65535:
+        raise ValueError('expected a TCP port, 1-65535')
+    return number
+
+
 def module_list(value):
     names = [name.strip() for name in value.split(',') if name.strip()]
     for name in names:
@@ -108,6 +115,22 @@ SETTINGS = (
             'Worker threads for the ai-background queue.'),
     Setting('AIJOB_SHUTDOWN_GRACE_MS', '30000', positive_int,
             'On SIGTERM, how long running jobs may finish before they are handed back.'),
+    # ---- HTTP API (issue 4)
+    Setting('AIJOB_PORT', '8000', port_number,
+            'TCP port of `serve` and `web` when --port is not given.'),
+    Setting('AIJOB_WEB_WORKERS', '4', positive_int,
+            'gunicorn worker processes of `web` when --workers is not given.'),
+    Setting('AIJOB_WEB_THREADS', '8', positive_int,
+            'Threads per gunicorn worker (each holds at most one database connection, so keep '
+            'it at or below AIJOB_DB_POOL_SIZE).'),
+    Setting('AIJOB_MAX_ACTIVE_JOBS_PER_USER', '100', non_negative_int,
+            'Most queued or running jobs one user may have (TOO_MANY_JOBS beyond); 0: no limit.'),
+    Setting('AIJOB_DAILY_JOB_QUOTA', '10000', non_negative_int,
+            'Most jobs one user may create per UTC day (QUOTA_EXCEEDED beyond); 0: no limit.'),
+    Setting('AIJOB_MAX_BODY_BYTES', '1048576', positive_int,
+            'Largest request body the API accepts (413 beyond).'),
+    Setting('AIJOB_STATUS_WAIT_POLL_MS', '100', positive_int,
+            'How often GET /api/ai/jobs/{id}?waitMs= re-reads the job while it waits for a change.'),
 )
 
 _BY_ENV = {setting.env: setting for setting in SETTINGS}

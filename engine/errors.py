@@ -153,6 +153,13 @@ class JobAlreadyCancelledError(IllegalTransitionError):
     public_message = 'The job has already been cancelled.'
 
 
+class JobNotRetryableError(AiJobError):
+    """An admin retry of a job that did not fail or was not cancelled, or whose snapshot is gone."""
+    code = 'JOB_NOT_RETRYABLE'
+    http_status = 409
+    public_message = 'Only a failed or cancelled job whose input is still kept can be retried.'
+
+
 class JobLockConflictError(AiJobError):
     """A compare-and-set lost: another worker holds the lock, or this worker's fence is stale."""
     code = 'JOB_LOCK_CONFLICT'

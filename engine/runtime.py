@@ -5,6 +5,7 @@ import socket
 
 from .ai_services import build_ai_services
 from .lifecycle import AiJobLifecycleRepository
+from .limits import Admission
 from .outbox import OutboxRepository
 from .registry import JobDefinitionRegistry
 from .service import AiJobService
@@ -39,6 +40,8 @@ class Runtime:
         self.service = AiJobService(self.store, self.registry, self.lifecycle, self.outbox,
                                     instance_id=self.instance_id)
         self.ai = build_ai_services(config, self.store)
+        # Per-user limits and platform availability, checked before a job is written (ADR §7.3).
+        self.service.admission = Admission.from_config(config, self.store, self.ai)
 
     def close(self):
         self.store.close()

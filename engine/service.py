@@ -7,7 +7,9 @@ from typing import NamedTuple, Optional
 import jsonschema
 
 from .canonical import canonical_hash
-from .errors import IdempotencyKeyReusedError, InvalidInputError, InvalidRequestError
+from .errors import (IdempotencyKeyReusedError, InvalidInputError, InvalidRequestError,
+                     JobNotRetryableError)
+from .lifecycle import CANCELLED, FAILED
 from .outbox import ENQUEUE_EVENT
 from .store import AiJob, AiJobSnapshot, IntegrityError, new_id
 
@@ -117,6 +119,20 @@ class AiJobService:
         if job.lifecycle_status == 'running' and self.cancel_signal is not None:
             self.cancel_signal(job_id)
         return job
+
+    def retry_job(self, job_id):
+        """Admin retry (ADR §7.1): a new job for the same user, target, input and overrides as a
+        failed or cancelled one, linked by ``retry_of_job_id``. The old job stays as it is."""
+        old = self.lifecycle.get(job_id)
+        if old.lifecycle_status not in (FAILED, CANCELLED):
+            raise JobNotRetryableError('job %s is %s' % (job_id, old.lifecycle_status))
+        snapshot = AiJobSnapshot.get_or_none(AiJobSnapshot.job_id == job_id)
+        if snapshot is None:
+            raise JobNotRetryableError('job %s has no snapshot left' % job_id)
+        return self.create_job(CreateJobInput(
+            user_id=old.user_id, job_type=old.job_type, target_type=old.target_type,
+            target_id=old.target_id, input=snapshot.content['input'],
+            overrides=snapshot.content.get('overrides') or {}, retry_of_job_id=old.id)).job
 
     def snapshot(self, job_id):
         """The frozen ``{"input", "overrides"}`` a job runs on."""
