@@ -125,6 +125,15 @@ class AiJobLifecycleRepository:
             raise JobLockConflictError(job_id, 'lock lost')
         return self.get(job_id)
 
+    def release_lock(self, job_id, fence):
+        """Let the lock expire now (a stopping worker hands the job back); the job stays
+        running, and the next worker to pop it takes it over (DESIGN decision 4)."""
+        changed = AiJob.update({AiJob.lock_until: self.store.now()}).where(
+            (AiJob.id == job_id) & (AiJob.lifecycle_status == RUNNING)
+            & fence.condition(self.store)).execute()
+        if not changed:
+            raise JobLockConflictError(job_id, 'lock lost')
+
     def set_progress(self, job_id, fence, progress):
         """Record progress (0–100) of a running job; only its lock holder may."""
         progress = max(0, min(100, int(progress)))
