@@ -59,6 +59,48 @@ def module_list(value):
     return tuple(names)
 
 
+def http_url_or_empty(value):
+    if value == '':
+        return None
+    parts = urlsplit(value)
+    if parts.scheme in ('http', 'https') and parts.hostname:
+        return value.rstrip('/')
+    raise ValueError('expected http(s)://HOST[:PORT]/PATH, or empty for no provider')
+
+
+def secret_or_empty(value):
+    return value or None
+
+
+def master_key_or_empty(value):
+    """Kept as text (so Config.replace round-trips); credentials.py decodes it."""
+    if value == '':
+        return None
+    from .credentials import decode_master_key      # imported here: config stays import-light
+    try:
+        decode_master_key(value)
+    except ValueError as exc:
+        # ConfigError passes through Config.from_env, whose message would echo the value.
+        raise ConfigError('AIJOB_CREDENTIAL_MASTER_KEY is invalid: %s (generate one with: '
+                          'python -c "import os, base64; print(base64.b64encode(os.urandom(32))'
+                          '.decode())")' % exc) from None
+    return value
+
+
+def price_table(value):
+    """A JSON price table, validated here and kept as text; pricing.py parses it."""
+    from .pricing import parse_price_table
+    parse_price_table(value)
+    return value
+
+
+def safety_patterns(value):
+    """A JSON array of regular expressions, validated here and kept as text; safety.py compiles it."""
+    from .safety import parse_patterns
+    parse_patterns(value)
+    return value
+
+
 def key_prefix(value):
     if not re.match(r'^[A-Za-z0-9_.:-]{1,64}$', value):
         raise ValueError('expected 1-64 letters, digits or _.:-')
@@ -131,6 +173,24 @@ SETTINGS = (
             'Largest request body the API accepts (413 beyond).'),
     Setting('AIJOB_STATUS_WAIT_POLL_MS', '100', positive_int,
             'How often GET /api/ai/jobs/{id}?waitMs= re-reads the job while it waits for a change.'),
+    # ---- AI providers, credentials, safety and pricing (issue 5)
+    Setting('AIJOB_PROVIDER_BASE_URL', '', http_url_or_empty,
+            'OpenAI-compatible API (https://api.deepseek.com, http://127.0.0.1:8080/v1, ...). '
+            'Unset: only the offline synthetic provider exists.'),
+    Setting('AIJOB_PROVIDER_MODEL', 'deepseek-chat', text,
+            'Model the OpenAI-compatible provider asks for.'),
+    Setting('AIJOB_PLATFORM_API_KEY', '', secret_or_empty,
+            'The platform key (credentialMode platform_key) for the OpenAI-compatible provider; '
+            'never stored in the database. Unset: platform_key jobs get PLATFORM_UNAVAILABLE.'),
+    Setting('AIJOB_CREDENTIAL_MASTER_KEY', '', master_key_or_empty,
+            'Base64 of 32 random bytes: the AES-256-GCM key of stored user API keys. Unset: '
+            'users cannot register keys.'),
+    Setting('AIJOB_PRICE_TABLE', '', price_table,
+            'JSON prices per model ("*" = any other), e.g. {"deepseek-chat": {"prompt": "0.27", '
+            '"completion": "1.10", "per": 1000000}}. Unset: every call costs 0.'),
+    Setting('AIJOB_CONTENT_SAFETY_PATTERNS', '', safety_patterns,
+            'JSON array of case-insensitive regular expressions that block job input and output '
+            'when a definition asks for a safety check. Unset: block private keys only.'),
 )
 
 _BY_ENV = {setting.env: setting for setting in SETTINGS}
