@@ -18,6 +18,7 @@ from .errors import (AiJobError, IllegalTransitionError, InternalJobError, JobCa
                      JobCancelledError, JobFailure, JobLockConflictError, JobNotFoundError,
                      JobTimeoutError, OutputValidationError, UnknownJobTypeError)
 from .lifecycle import TERMINAL, Fence
+from .logs import log_event
 from .providers import CallContext, ProviderRequest, Usage
 from .store import AiJob, AiUsageLog, db_now
 
@@ -243,9 +244,9 @@ class ExecutionEngine:
         return self._complete(a, job)
 
     def _complete(self, a, job):
-        log.info('job %s type=%s status=%s error=%s attempt=%d retries=%d run_ms=%d',
-                 job.id, job.job_type, job.lifecycle_status, job.error_code or '-',
-                 job.attempt_no, job.retry_count, _ms_since(a.started))
+        log_event('job.finished', job_id=job.id, job_type=job.job_type,
+                  status=job.lifecycle_status, error_code=job.error_code, attempt=job.attempt_no,
+                  retries=job.retry_count, run_ms=_ms_since(a.started))
         if self.on_event is not None:
             try:
                 self.on_event('ai.job.%s' % job.lifecycle_status, job)

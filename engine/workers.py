@@ -13,6 +13,7 @@ import time
 
 from .errors import JobLockConflictError, QueueUnavailableError
 from .execution import ExecutionEngine
+from .logs import log_event
 
 log = logging.getLogger('aijob.worker')
 EXIT_FORCED = 3                     # a second SIGTERM/SIGINT: exit now, takeover recovers the jobs
@@ -157,8 +158,8 @@ class Worker:
                                           rt.reconciler.sweep, self.stop_event, conn))
         for pool in self.pools:
             pool.start()
-        log.info('worker %s started: ai-interactive x%d, ai-background x%d', rt.instance_id,
-                 config.interactive_concurrency, config.background_concurrency)
+        log_event('worker started', instance=rt.instance_id,
+                  interactive=config.interactive_concurrency, background=config.background_concurrency)
 
     def stop(self, grace_s):
         """Ordered stop within ``grace_s`` (plus a few seconds to hand back)."""
@@ -175,8 +176,9 @@ class Worker:
         self.runtime.dispatcher.wake.set()
         for thread in self.threads:
             thread.join(2.0)
-        log.info('worker %s stopped (%s)', self.runtime.instance_id,
-                 'all jobs finished' if finished else 'running jobs handed back')
+        log_event('worker.stopped', instance=self.runtime.instance_id,
+                  outcome='all jobs finished' if finished else 'running jobs handed back',
+                  commits=self.runtime.store.commit_count())
 
     def _hand_back(self):
         with self.runtime.store.connection():
@@ -215,3 +217,25 @@ class _NoConnection:
 
 def _no_connection():
     return _NoConnection()
+
+
+def run_worker_process(config):
+    """``python aijob.py worker``: needs Redis, since an in-memory queue cannot cross processes."""
+    from .errors import ConfigError
+    from .logs import configure as configure_logging
+    from .runtime import Runtime
+    if not config.uses_redis:
+        raise ConfigError('the worker needs AIJOB_REDIS_URL: the in-memory queue cannot cross '
+                          'processes (use `python aijob.py serve` to run everything in one)')
+    configure_logging()
+    runtime = Runtime(config, role='worker')
+    runtime.queue.ping()
+    with runtime.store.connection():
+        runtime.store.ping()
+    worker = Worker(runtime)
+    runtime.worker = worker
+    runtime.service.dispatch_now = runtime._dispatch_now
+    worker.run_until_signalled()
+    runtime.worker = None
+    runtime.close()
+    return 0

@@ -65,11 +65,12 @@ def require_servers(*names):
 class Backend:
     def __init__(self, name, database_url, redis_url):
         self.name, self.database_url, self.redis_url = name, database_url, redis_url
+        self.prefix = '%s-%s' % (RUN_PREFIX, uuid.uuid4().hex[:6])    # this test's Redis keys
 
     def env(self, **extra):
         """Environment (raw strings) for a Config or a child process on this backend."""
         env = {'AIJOB_DATABASE_URL': self.database_url, 'AIJOB_REDIS_URL': self.redis_url or '',
-               'AIJOB_REDIS_PREFIX': RUN_PREFIX}
+               'AIJOB_REDIS_PREFIX': self.prefix}
         env.update(extra)
         return env
 
@@ -83,9 +84,21 @@ class Backend:
 @pytest.fixture(params=BACKENDS)
 def backend(request, tmp_path):
     if request.param == 'sqlite+memory':
-        return Backend(request.param, 'sqlite:///%s' % (tmp_path / 'aijob.db'), None)
+        yield Backend(request.param, 'sqlite:///%s' % (tmp_path / 'aijob.db'), None)
+        return
     require_servers('mysql', 'redis')
-    return Backend(request.param, MYSQL_URL, REDIS_URL)
+    chosen = Backend(request.param, MYSQL_URL, REDIS_URL)
+    yield chosen
+    delete_redis_keys(chosen.prefix)
+
+
+def delete_redis_keys(prefix):
+    """Remove one test's keys (never a whole FLUSHDB: other runs may share the server)."""
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=prefix + ':*', count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 def reset_tables(store):

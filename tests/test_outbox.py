@@ -7,6 +7,8 @@ from tests.helpers import create_job, run_threads
 
 
 def one_event(runtime):
+    """A pending enqueue event (immediate dispatch off, as in a process without a queue)."""
+    runtime.service.dispatch_now = None
     job = create_job(runtime)
     return OutboxEvent.get(OutboxEvent.aggregate_id == job.id)
 
