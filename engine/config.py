@@ -179,6 +179,9 @@ SETTINGS = (
             'Unset: only the offline synthetic provider exists.'),
     Setting('AIJOB_PROVIDER_MODEL', 'deepseek-chat', text,
             'Model the OpenAI-compatible provider asks for.'),
+    Setting('AIJOB_PROVIDER_READ_TIMEOUT_MS', '60000', positive_int,
+            'A provider connection silent this long (no byte) fails the call PROVIDER_TIMEOUT, '
+            'retryable; the job deadline (timeoutMs) bounds every call as well.'),
     Setting('AIJOB_PLATFORM_API_KEY', '', secret_or_empty,
             'The platform key (credentialMode platform_key) for the OpenAI-compatible provider; '
             'never stored in the database. Unset: platform_key jobs get PLATFORM_UNAVAILABLE.'),

@@ -105,13 +105,17 @@ class AiGateway:
     def add(self, provider):
         self._providers[provider.key] = provider
 
+    def provider_for(self, definition):
+        """The provider a definition runs on, or None when this process has none configured."""
+        return self._providers.get(definition.provider or self.default_provider)
+
     def route(self, definition, job):
         """(provider, model) for a job: the definition's provider, else the default."""
-        key = definition.provider or self.default_provider
-        provider = self._providers.get(key)
+        provider = self.provider_for(definition)
         if provider is None:
+            key = definition.provider or self.default_provider
             raise failure_for_code('INTERNAL_PROVIDER_MISSING', 'no provider %r configured' % key)
-        return provider, getattr(provider, 'model', None) or key
+        return provider, getattr(provider, 'model', None) or provider.key
 
 
 class CredentialResolver:

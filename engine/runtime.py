@@ -8,6 +8,7 @@ import logging
 from .ai_services import build_ai_services
 from .dispatcher import OutboxDispatcher
 from .errors import QueueUnavailableError
+from .flashcards import FLASHCARD_JOB_DEFINITION
 from .lifecycle import AiJobLifecycleRepository
 from .limits import Admission
 from .maintenance import Reaper, Reconciler
@@ -20,9 +21,10 @@ from .synthetic import SYNTHETIC_JOB_DEFINITION
 
 
 def build_registry(config):
-    """The default definitions (synthetic), then the application's modules."""
+    """The default definitions (synthetic, flashcard_generation), then the application's modules."""
     registry = JobDefinitionRegistry()
     registry.register(SYNTHETIC_JOB_DEFINITION)
+    registry.register(FLASHCARD_JOB_DEFINITION)
     for module_name in config.definitions:
         registry.load_module(module_name)
     return registry

@@ -85,7 +85,8 @@ def test_application_definitions_load_from_a_configured_module(monkeypatch):
     listed.DEFINITIONS = [variant(job_type='summary')]
     monkeypatch.setitem(sys.modules, 'myapp_more', listed)
     registry = build_registry(Config.from_env({'AIJOB_DEFINITIONS': 'myapp_jobs, myapp_more'}))
-    assert {d.job_type for d in registry.get_all()} == {'synthetic', 'quiz_generation', 'summary'}
+    assert {d.job_type for d in registry.get_all()} == {'synthetic', 'flashcard_generation',
+                                                        'quiz_generation', 'summary'}
 
 
 def test_a_module_without_definitions_is_an_error(monkeypatch):

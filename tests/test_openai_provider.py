@@ -1,0 +1,221 @@
+"""The OpenAI-compatible provider against a real HTTP server on loopback that speaks the
+chat-completions protocol with SSE streaming (tests/fake_openai.py)."""
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from engine.errors import (ContentSafetyError, CredentialError, JobCancelledError, JobTimeoutError,
+                           OutputValidationError, ProviderError, ProviderRequestError)
+from engine.flashcards import FLASHCARD_JOB_DEFINITION
+from engine.openai_provider import OpenAICompatibleProvider, retry_after_seconds
+from engine.providers import CallContext, Credential, ProviderRequest
+from tests.fake_openai import FakeOpenAI, Reply, error_reply, json_reply
+
+CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'},
+                   {'question': 'Capital of Italy?', 'answer': 'Rome'}]}
+API_KEY = 'sk-test-0123456789abcdef'
+
+
+@pytest.fixture
+def fake():
+    server = FakeOpenAI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def provider(fake):
+    return OpenAICompatibleProvider(fake.base_url, 'fake-model', read_timeout_s=5.0)
+
+
+def request(attempt=1, prompt_version=None, api_key=API_KEY, text='Paris is the capital of France.'):
+    return ProviderRequest(job_id='job-1', job_type='flashcard_generation', attempt=attempt,
+                           input={'text': text, 'maxCards': 3},
+                           definition=FLASHCARD_JOB_DEFINITION,
+                           credential=Credential('platform_key', api_key),
+                           model='fake-model', prompt_version=prompt_version)
+
+
+def context(seconds=5.0):
+    return CallContext(deadline=time.monotonic() + seconds)
+
+
+# ---------------------------------------------------------------- success
+def test_a_streamed_json_answer_becomes_the_output_with_the_reported_usage(fake, provider):
+    fake.script(json_reply(CARDS, chunks=7))
+    result = provider.generate(request(), context())
+    assert result.output == CARDS
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (11, 7)
+    assert result.model == 'fake-model'
+
+
+def test_the_call_streams_json_mode_with_the_key_and_the_rendered_prompt(fake, provider):
+    fake.script(json_reply(CARDS))
+    provider.generate(request(), context())
+    sent = fake.requests[0]
+    assert sent['stream'] is True and sent['stream_options'] == {'include_usage': True}
+    assert sent['response_format'] == {'type': 'json_object'}
+    assert sent['model'] == 'fake-model'
+    assert sent['_headers']['authorization'] == 'Bearer ' + API_KEY
+    assert 'Paris is the capital of France.' in sent['messages'][-1]['content']
+    assert 'at most 3 flashcards' in sent['messages'][-1]['content']
+    assert '"cards"' in sent['messages'][0]['content']      # the output schema is in the prompt
+
+
+def test_without_reported_usage_the_tokens_are_estimated(fake, provider):
+    fake.script(json_reply(CARDS, usage=None))
+    usage = provider.generate(request(), context()).usage
+    assert usage.prompt_tokens > 0 and usage.completion_tokens > 0
+
+
+def test_a_json_answer_in_a_markdown_fence_is_accepted(fake, provider):
+    fake.script(Reply(content='```json\n%s\n```' % json.dumps(CARDS)))
+    assert provider.generate(request(), context()).output == CARDS
+
+
+# ---------------------------------------------------------------- failure classes (ADR §5.2)
+FAILURES = [
+    (error_reply(429, 'slow down', headers={'Retry-After': '7'}), ProviderError,
+     'PROVIDER_RATE_LIMITED', True),
+    (error_reply(500, 'boom'), ProviderError, 'PROVIDER_ERROR', True),
+    (error_reply(503, 'overloaded'), ProviderError, 'PROVIDER_UNAVAILABLE', True),
+    (error_reply(401, 'bad key'), CredentialError, 'CREDENTIAL_INVALID', False),
+    (error_reply(403, 'forbidden'), CredentialError, 'CREDENTIAL_INVALID', False),
+    (error_reply(400, "This model's maximum context length is 65536 tokens",
+                 code='context_length_exceeded'),
+     ProviderRequestError, 'PROVIDER_BAD_REQUEST_CONTEXT_LENGTH', False),
+    (error_reply(400, 'unknown parameter'), ProviderRequestError, 'PROVIDER_BAD_REQUEST', False),
+    (error_reply(404, 'no such model'), ProviderRequestError, 'PROVIDER_BAD_REQUEST', False),
+    (Reply(content='', finish_reason='content_filter'), ContentSafetyError,
+     'CONTENT_SAFETY_BLOCKED', False),
+    (Reply(content='', refusal='I cannot help with that.'), ContentSafetyError,
+     'CONTENT_SAFETY_BLOCKED', False),
+    (Reply(content='{"cards": [', finish_reason=None), ProviderError, 'PROVIDER_ERROR', True),
+    (Reply(content='Here are your cards: none'), OutputValidationError, 'VALIDATION_JSON', True),
+    (Reply(content='[1, 2, 3]'), OutputValidationError, 'VALIDATION_JSON', True),
+    (Reply(content='{"cards": [', finish_reason='length'), OutputValidationError,
+     'VALIDATION_JSON', True),
+]
+
+
+@pytest.mark.parametrize('reply, error_class, code, retryable', FAILURES,
+                         ids=[f[2] + '-' + str(i) for i, f in enumerate(FAILURES)])
+def test_each_failure_maps_to_its_class_code_and_retryability(fake, provider, reply, error_class,
+                                                              code, retryable):
+    fake.script(reply)
+    with pytest.raises(error_class) as caught:
+        provider.generate(request(), context())
+    assert caught.value.code == code
+    assert caught.value.retryable is retryable
+    assert len(fake.requests) == 1               # the client never retries: the engine does
+
+
+def test_rate_limiting_keeps_retry_after_for_the_engine_backoff(fake, provider):
+    fake.script(error_reply(429, 'slow down', headers={'Retry-After': '7'}))
+    with pytest.raises(ProviderError) as caught:
+        provider.generate(request(), context())
+    assert caught.value.retry_after_s == 7.0
+
+
+def test_retry_after_may_be_milliseconds_or_an_http_date():
+    assert retry_after_seconds({'retry-after-ms': '1500'}) == 1.5
+    later = time.strftime('%a, %d %b %Y %H:%M:%S GMT', time.gmtime(time.time() + 30))
+    assert 25 <= retry_after_seconds({'retry-after': later}) <= 31
+    assert retry_after_seconds({}) is None
+
+
+def test_a_failure_after_the_stream_carries_the_usage_it_consumed(fake, provider):
+    fake.script(Reply(content='not json'))
+    with pytest.raises(OutputValidationError) as caught:
+        provider.generate(request(), context())
+    assert (caught.value.usage.prompt_tokens, caught.value.usage.completion_tokens) == (11, 7)
+
+
+def test_a_server_that_refuses_connections_is_unavailable():
+    with socket.socket() as probe:                  # a loopback port nobody listens on
+        probe.bind(('127.0.0.1', 0))
+        port = probe.getsockname()[1]
+    provider = OpenAICompatibleProvider('http://127.0.0.1:%d/v1' % port, 'm')
+    with pytest.raises(ProviderError) as caught:
+        provider.generate(request(), context())
+    assert caught.value.code == 'PROVIDER_UNAVAILABLE' and caught.value.retryable
+
+
+def test_a_silent_connection_times_out_as_a_retryable_provider_timeout(fake):
+    provider = OpenAICompatibleProvider(fake.base_url, 'fake-model', read_timeout_s=0.3)
+    fake.script(json_reply(CARDS, first_delay_s=3))
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as caught:
+        provider.generate(request(), context(seconds=10))
+    assert caught.value.code == 'PROVIDER_TIMEOUT' and caught.value.retryable
+    assert time.monotonic() - started < 2
+
+
+def test_a_missing_key_fails_before_any_request(fake, provider):
+    with pytest.raises(CredentialError) as caught:
+        provider.generate(request(api_key=None), context())
+    assert caught.value.code == 'CREDENTIAL_MISSING' and not caught.value.retryable
+    assert fake.requests == []
+
+
+# ---------------------------------------------------------------- deadline and cancellation
+def test_the_deadline_passing_mid_stream_stops_the_call_and_hangs_up(fake, provider):
+    fake.script(json_reply(CARDS, chunks=20, delay_s=0.2))
+    started = time.monotonic()
+    with pytest.raises(JobTimeoutError):
+        provider.generate(request(), context(seconds=0.7))
+    assert time.monotonic() - started < 1.2
+    assert fake.client_closed.wait(2)
+
+
+def test_cancelling_a_slow_stream_stops_it_promptly_and_closes_the_connection(fake, provider):
+    fake.script(json_reply(CARDS, chunks=40, delay_s=0.2))
+    ctx = context(seconds=30)
+    cancelled_at = []
+
+    def cancel_soon():
+        time.sleep(0.5)
+        cancelled_at.append(time.monotonic())
+        ctx.cancel_event.set()
+
+    threading.Thread(target=cancel_soon).start()
+    with pytest.raises(JobCancelledError):
+        provider.generate(request(), ctx)
+    assert time.monotonic() - cancelled_at[0] < 0.5
+    assert fake.client_closed.wait(2)
+
+
+def test_cancelling_while_the_server_is_silent_hangs_up_at_once(fake, provider):
+    fake.script(json_reply(CARDS, first_delay_s=20))
+    ctx = context(seconds=30)
+    threading.Timer(0.3, ctx.cancel_event.set).start()
+    started = time.monotonic()
+    with pytest.raises(JobCancelledError):
+        provider.generate(request(), ctx)
+    assert time.monotonic() - started < 1.5
+    assert fake.client_closed.wait(2)
+
+
+def test_a_job_cancelled_before_the_call_sends_nothing(fake, provider):
+    ctx = context()
+    ctx.cancel_event.set()
+    with pytest.raises(JobCancelledError):
+        provider.generate(request(), ctx)
+    assert fake.requests == []
+
+
+# ---------------------------------------------------------------- prompts
+def test_a_retry_reminds_the_model_to_answer_with_json_only(fake, provider):
+    fake.script(json_reply(CARDS))
+    provider.generate(request(attempt=2), context())
+    assert 'JSON object only' in fake.requests[0]['messages'][0]['content']
+
+
+def test_an_unknown_prompt_version_is_a_request_error_without_a_call(fake, provider):
+    with pytest.raises(ProviderRequestError) as caught:
+        provider.generate(request(prompt_version='v99'), context())
+    assert not caught.value.retryable
+    assert fake.requests == []
