@@ -1,0 +1,65 @@
+"""Fixtures and helpers for the API tests: the app over the test runtime, tokens for two users and
+an admin, and clients that check every response against /openapi.json."""
+import pytest
+
+from engine.api import create_app
+from engine.auth import TokenStore
+from engine.errors import InternalJobError
+from engine.lifecycle import Fence
+from tests.wsgi_client import OpenApiCheck, WsgiClient
+
+JOBS = '/api/ai/jobs'
+ADMIN_JOBS = '/admin-api/ai/jobs'
+
+
+def job_body(key=None, **overrides):
+    body = {'jobType': 'synthetic', 'targetType': 'note', 'targetId': 'note-1', 'input': {}}
+    if key is not None:
+        body['idempotencyKey'] = key
+    body.update(overrides)
+    return body
+
+
+class Harness:
+    """The app and one client per caller: ``a`` and ``b`` (users), ``admin``, ``anon``."""
+
+    def __init__(self, runtime, app=None):
+        self.runtime = runtime
+        self.app = app or create_app(runtime)
+        self.check = OpenApiCheck(self.app_document())
+        tokens = TokenStore(runtime.store)
+        self.tokens = {'a': tokens.create('user-a'), 'b': tokens.create('user-b'),
+                       'admin': tokens.create('root', admin=True)}
+        self.a, self.b, self.admin = (self.client(self.tokens[name]) for name in ('a', 'b', 'admin'))
+        self.anon = self.client(None)
+
+    def app_document(self):
+        return WsgiClient(self.app).get('/openapi.json').json
+
+    def client(self, token):
+        return WsgiClient(self.app, token, self.check)
+
+    def create(self, client=None, **kw):
+        response = (client or self.a).post(JOBS, job_body(**kw))
+        assert response.status == 201, response
+        return response.json['jobId']
+
+
+@pytest.fixture
+def api(runtime):
+    return Harness(runtime)
+
+
+# ---------------------------------------------------------------- driving the state machine
+# Without workers, tests move jobs along the real lifecycle repository (the only writer of
+# lifecycle_status), the way a worker would.
+def run_to_running(runtime, job_id, instance='test-worker'):
+    job = runtime.lifecycle.lock_job(job_id, instance)
+    return Fence(instance, job.attempt_no)
+
+
+def run_to_failed(runtime, job_id, internal='provider said 500 at https://internal.example/v1'):
+    fence = run_to_running(runtime, job_id)
+    error = InternalJobError(internal, code='PROVIDER_UNAVAILABLE',
+                             public_message='The AI provider is unavailable.')
+    return runtime.lifecycle.mark_failed(job_id, error, fence=fence)
