@@ -1,0 +1,105 @@
+"""The content safety policy, the price table and the versioned prompt templates."""
+from decimal import Decimal
+
+import pytest
+
+from engine.errors import ContentSafetyError, ProviderRequestError
+from engine.flashcards import FLASHCARD_JOB_DEFINITION
+from engine.pricing import PriceTableCostCalculator, parse_price_table
+from engine.prompts import FLASHCARDS_V1, PromptLibrary, PromptTemplate, default_library
+from engine.providers import Credential, ProviderRequest, Usage
+from engine.safety import RegexContentSafety
+
+
+# ---------------------------------------------------------------- content safety
+def test_a_configured_pattern_blocks_nested_content_case_insensitively():
+    policy = RegexContentSafety.from_text(r'["\\bforbidden\\s+topic\\b"]')
+    with pytest.raises(ContentSafetyError) as caught:
+        policy.check({'cards': [{'question': 'Q', 'answer': 'a FORBIDDEN  Topic here'}]}, 'output')
+    assert caught.value.code == 'CONTENT_SAFETY_BLOCKED' and not caught.value.retryable
+    assert 'FORBIDDEN' not in str(caught.value)            # the matched text is never echoed
+    assert 'output' in caught.value.public_message
+
+
+def test_clean_content_passes():
+    policy = RegexContentSafety.from_text('["forbidden"]')
+    assert policy.check({'text': 'a perfectly fine text', 'n': 3}, 'input') is None
+
+
+def test_the_default_policy_blocks_private_keys():
+    policy = RegexContentSafety.from_text('')
+    with pytest.raises(ContentSafetyError):
+        policy.check({'text': 'x -----BEGIN RSA PRIVATE KEY----- y'}, 'input')
+    policy.check({'text': 'public keys are fine'}, 'input')
+
+
+def test_keys_of_objects_are_checked_too():
+    with pytest.raises(ContentSafetyError):
+        RegexContentSafety.from_text('["secret"]').check({'my secret': 1}, 'input')
+
+
+# ---------------------------------------------------------------- pricing
+TABLE = ('{"deepseek-chat": {"prompt": "0.27", "completion": "1.10"},'
+         ' "small": {"prompt": 0.1, "completion": 0.2, "per": 1000},'
+         ' "*": {"prompt": "1", "completion": "2"}}')
+
+
+def test_cost_is_exact_decimal_per_million_tokens_by_default():
+    calc = PriceTableCostCalculator.from_text(TABLE)
+    cost = calc.cost('openai', 'deepseek-chat', Usage(1_000_000, 500_000))
+    assert cost == Decimal('0.820000')
+
+
+def test_prices_may_be_per_thousand_tokens_and_json_floats_stay_exact():
+    calc = PriceTableCostCalculator.from_text(TABLE)
+    assert calc.cost('openai', 'small', Usage(3, 3)) == Decimal('0.000900')
+
+
+def test_an_unlisted_model_uses_the_fallback_or_costs_nothing():
+    assert PriceTableCostCalculator.from_text(TABLE).cost('x', 'other', Usage(1000, 0)) \
+        == Decimal('0.001000')
+    assert PriceTableCostCalculator.from_text('').cost('x', 'other', Usage(1000, 1000)) == 0
+
+
+@pytest.mark.parametrize('text', ['[]', '{"m": 1}', '{"m": {"prompt": "x"}}',
+                                  '{"m": {"prompt": 1, "per": 0}}', '{"m": {"price": 1}}'])
+def test_a_malformed_price_table_is_rejected(text):
+    with pytest.raises(ValueError):
+        parse_price_table(text)
+
+
+# ---------------------------------------------------------------- prompts
+V2 = PromptTemplate(job_type='flashcard_generation', version='v2', system='S2 {schema}',
+                    user='cards from: {text}')
+
+
+def request(prompt_version=None, attempt=1, job_type='flashcard_generation', input=None):
+    return ProviderRequest(job_id='j', job_type=job_type, attempt=attempt,
+                           input=input or {'text': 'T {not a field}'},
+                           definition=FLASHCARD_JOB_DEFINITION, credential=Credential('x'),
+                           prompt_version=prompt_version)
+
+
+def test_the_latest_version_renders_by_default_and_an_older_one_on_request():
+    library = PromptLibrary([FLASHCARDS_V1, V2])
+    assert library.versions('flashcard_generation') == ['v1', 'v2']
+    assert library.render(request())[1]['content'] == 'cards from: T {not a field}'
+    assert 'at most 10 flashcards' in library.render(request('v1'))[1]['content']
+
+
+def test_an_unknown_version_is_a_non_retryable_request_error():
+    with pytest.raises(ProviderRequestError) as caught:
+        PromptLibrary([FLASHCARDS_V1]).render(request('v7'))
+    assert not caught.value.retryable and 'v7' in caught.value.public_message
+
+
+def test_a_job_type_without_templates_uses_the_generic_one_with_its_schema():
+    messages = default_library().render(request(job_type='summary', input={'a': 1}))
+    assert '"cards"' in messages[0]['content']          # the definition's output schema
+    assert messages[1]['content'] == 'Input (JSON):\n{"a": 1}'
+
+
+def test_a_retry_adds_a_json_only_reminder():
+    first = default_library().render(request())[0]['content']
+    retry = default_library().render(request(attempt=2))[0]['content']
+    assert 'JSON object only' in retry and 'JSON object only' not in first
