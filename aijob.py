@@ -1,4 +1,6 @@
-"""aijob: the one entry point — the CLI (``python aijob.py COMMAND``) and, later, ``app`` for gunicorn."""
+"""aijob: the one entry point — the CLI (``python aijob.py COMMAND``) and ``app`` for gunicorn
+(``gunicorn aijob:app``). ``app`` is built on first access, so importing this module opens no
+database."""
 import argparse
 import sys
 
@@ -32,11 +34,76 @@ def bench_args(parser):
     parser.add_argument('--jobs', type=int, default=1000, help='synthetic no-op jobs to run')
 
 
+def cmd_token(config, args):
+    from engine.auth import TokenStore
+    runtime = Runtime(config)
+    try:
+        with runtime.store.connection():
+            tokens = TokenStore(runtime.store)
+            if args.token_command == 'create':
+                try:
+                    token = tokens.create(args.user, admin=args.admin)
+                except ValueError as exc:
+                    print('aijob: error: --user: %s' % exc, file=sys.stderr)
+                    return 2
+                print('token for user %s (role %s); it is shown only once:'
+                      % (args.user, 'SUPER_ADMIN' if args.admin else 'user'))
+                print(token)
+                return 0
+            return revoke_tokens(tokens, args)
+    finally:
+        runtime.close()
+
+
+def revoke_tokens(tokens, args):
+    if (args.token is None) == (args.user is None):
+        print('aijob: error: give either a TOKEN or --user USER', file=sys.stderr)
+        return 2
+    revoked = tokens.revoke(args.token) if args.token else tokens.revoke_user(args.user)
+    print('revoked %d token(s)' % int(revoked))
+    return 0 if revoked else 1
+
+
+def token_args(parser):
+    sub = parser.add_subparsers(dest='token_command', required=True)
+    create = sub.add_parser('create', help='issue a bearer token; the last line printed is it')
+    create.add_argument('--user', required=True, help='the user id the token acts as')
+    create.add_argument('--admin', action='store_true', help='role SUPER_ADMIN')
+    revoke = sub.add_parser('revoke', help='revoke one token, or every token of --user')
+    revoke.add_argument('token', nargs='?', help='the token to revoke')
+    revoke.add_argument('--user', help='revoke every token of this user')
+
+
+def cmd_web(config, args):
+    from engine.server import run_web
+    run_web(config, args.host, args.port or config.port, args.workers or config.web_workers)
+
+
+def cmd_serve(config, args):
+    from engine.server import run_serve
+    run_serve(config, args.host, args.port or config.port)
+
+
+def web_args(parser):
+    serve_args(parser)
+    parser.add_argument('--workers', type=int, help='worker processes (AIJOB_WEB_WORKERS)')
+
+
+def serve_args(parser):
+    parser.add_argument('--host', default='127.0.0.1', help='address to listen on')
+    parser.add_argument('--port', type=int, help='port (default AIJOB_PORT, 8000)')
+
+
 COMMANDS = {
     # name: (function, help, add_arguments or None)
     'initdb': (cmd_initdb, 'create the schema if missing (safe to run twice)', None),
     'config': (cmd_config, 'list every setting with its default and meaning', None),
     'worker': (cmd_worker, 'run dispatcher, worker pools, reaper and reconciler (needs Redis)', None),
+    'token': (cmd_token, 'create or revoke API bearer tokens', token_args),
+    'web': (cmd_web, 'serve the HTTP API with gunicorn (several workers, no background loops)',
+            web_args),
+    'serve': (cmd_serve, 'everything in one process for development: API, dispatcher, workers',
+              serve_args),
     'bench': (cmd_bench, 'create N synthetic jobs, run them with one worker process, print figures',
               bench_args),
 }
@@ -63,6 +130,22 @@ def main(argv=None):
     except OperationalError as exc:
         print('aijob: error: the database is unreachable: %s' % exc, file=sys.stderr)
         return 2
+
+
+_app = None
+
+
+def __getattr__(name):
+    """``aijob:app`` for gunicorn, built from the environment on first access."""
+    global _app
+    if name != 'app':
+        raise AttributeError(name)
+    if _app is None:
+        from engine.api import create_app
+        from engine.logs import configure as configure_logging
+        configure_logging()
+        _app = create_app(Runtime(Config.from_env(), role='web'))
+    return _app
 
 
 if __name__ == '__main__':

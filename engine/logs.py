@@ -72,14 +72,17 @@ def configure(stream=None, level=logging.INFO):
 
 
 def gunicorn_logconfig():
-    """gunicorn's ``logconfig_dict``: its own error log as JSON lines too, no access log."""
+    """gunicorn's ``logconfig_dict``: its own error log as JSON lines too, no access log (the
+    app writes one ``http.request`` line per request). The root logger is left to configure()."""
     return {
         'version': 1,
         'disable_existing_loggers': False,
         'formatters': {'json': {'()': 'engine.logs.JsonFormatter'}},
         'handlers': {'stderr': {'class': 'logging.StreamHandler', 'formatter': 'json',
                                 'stream': 'ext://sys.stderr'}},
-        'root': {'level': 'INFO', 'handlers': ['stderr']},
+        # gunicorn merges this over its defaults, whose root logger names a handler we drop;
+        # the root logger's handler is added by configure() in each worker.
+        'root': {'level': 'INFO', 'handlers': []},
         'loggers': {
             'gunicorn.error': {'level': 'INFO', 'handlers': ['stderr'], 'propagate': False},
             'gunicorn.access': {'level': 'WARNING', 'handlers': [], 'propagate': False},

@@ -1,11 +1,15 @@
 """Fixtures and helpers for the API tests: the app over the test runtime, tokens for two users and
 an admin, and clients that check every response against /openapi.json."""
+import time
+
 import pytest
 
 from engine.api import create_app
 from engine.auth import TokenStore
 from engine.errors import InternalJobError
 from engine.lifecycle import Fence
+from engine.registry import JobDefinitionRegistry
+from engine.synthetic import synthetic_definition
 from tests.wsgi_client import OpenApiCheck, WsgiClient
 
 JOBS = '/api/ai/jobs'
@@ -63,3 +67,48 @@ def run_to_failed(runtime, job_id, internal='provider said 500 at https://intern
     error = InternalJobError(internal, code='PROVIDER_UNAVAILABLE',
                              public_message='The AI provider is unavailable.')
     return runtime.lifecycle.mark_failed(job_id, error, fence=fence)
+
+
+# ---------------------------------------------------------------- with the engine running
+# Intervals shrunk so that recovery paths stay quick; correctness does not depend on them.
+FAST_SETTINGS = {
+    'AIJOB_LOCK_TTL_MS': '1500', 'AIJOB_HEARTBEAT_MS': '300', 'AIJOB_REAP_AFTER_MS': '600',
+    'AIJOB_REAPER_INTERVAL_MS': '200', 'AIJOB_OUTBOX_POLL_MS': '100',
+    'AIJOB_OUTBOX_LOCK_TTL_MS': '1000', 'AIJOB_OUTBOX_RELEASE_MS': '300',
+    'AIJOB_RECONCILE_AFTER_MS': '500', 'AIJOB_SHUTDOWN_GRACE_MS': '3000',
+}
+
+
+def running_registry():
+    registry = JobDefinitionRegistry()
+    registry.register(synthetic_definition(backoff_ms=20))
+    registry.register(synthetic_definition(job_type='synthetic_bg', queue_name='ai-background',
+                                           backoff_ms=20))
+    return registry
+
+
+@pytest.fixture
+def live_api(make_runtime):
+    """The API over a runtime whose dispatcher and worker pools run in this process."""
+    runtime = make_runtime(registry=running_registry(), **FAST_SETTINGS)
+    with runtime.store.connection():
+        harness = Harness(runtime)
+        runtime.start_background()
+        try:
+            yield harness
+        finally:
+            runtime.stop_background(timeout_s=5)
+
+
+def poll_until(client, job_id, statuses, timeout_s=20.0):
+    """Long-poll the status endpoint until the job is in one of ``statuses``."""
+    deadline = time.monotonic() + timeout_s
+    etag = None
+    while time.monotonic() < deadline:
+        headers = {'If-None-Match': etag} if etag else {}
+        response = client.get(JOBS + '/' + job_id, query={'waitMs': 2000}, headers=headers)
+        if response.status == 200:
+            etag = response.headers['etag']
+            if response.json['lifecycleStatus'] in statuses:
+                return response.json
+    raise AssertionError('job %s did not reach %s in %.0fs' % (job_id, statuses, timeout_s))

@@ -1,0 +1,86 @@
+"""`python aijob.py serve` as a real process on a free port: a synthetic job runs to succeeded
+over real HTTP, and the process stops cleanly on SIGTERM."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from tests.wsgi_client import OpenApiCheck, Response
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def http(method, url, token=None, body=None):
+    headers = {'Content-Type': 'application/json'} if body is not None else {}
+    if token:
+        headers['Authorization'] = 'Bearer ' + token
+    data = json.dumps(body).encode('utf-8') if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=40) as reply:
+            return Response(reply.status, reply.getheaders(), reply.read())
+    except urllib.error.HTTPError as error:
+        return Response(error.code, error.headers.items(), error.read())
+
+
+def wait_healthy(base, proc, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, 'serve exited with %s' % proc.returncode
+        try:
+            if http('GET', base + '/healthz').status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError('serve did not answer within %.0fs' % timeout_s)
+
+
+def test_serve_runs_a_synthetic_job_to_succeeded_over_real_http(backend, make_runtime, tmp_path):
+    make_runtime()                                   # a clean store for this backend
+    port = free_port()
+    env = dict(os.environ, **backend.env(AIJOB_PORT=str(port)))
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, 'aijob.py'), 'serve'],
+                            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        lines = [proc.stdout.readline().strip() for _ in range(3)]
+        assert lines[0].startswith('aijob serving on http://127.0.0.1:%d' % port), lines
+        token = lines[-1]
+        base = 'http://127.0.0.1:%d' % port
+        wait_healthy(base, proc)
+        check = OpenApiCheck(http('GET', base + '/openapi.json').json)
+
+        def call(method, path, body=None):
+            response = http(method, base + path, token, body)
+            check.check(method, path.split('?')[0], response)
+            return response
+
+        assert call('GET', '/readyz').status == 200
+        created = call('POST', '/api/ai/jobs', {
+            'jobType': 'synthetic', 'targetType': 'note', 'targetId': 'n1',
+            'input': {'sleepMs': 100, 'output': {'answer': 42}}})
+        assert created.status == 201
+        job_id = created.json['jobId']
+        deadline = time.monotonic() + 20
+        status = created.json
+        while status['lifecycleStatus'] not in ('succeeded', 'failed', 'cancelled'):
+            assert time.monotonic() < deadline, status
+            status = call('GET', '/api/ai/jobs/%s?waitMs=2000' % job_id).json
+        assert status['lifecycleStatus'] == 'succeeded'
+        artifacts = call('GET', '/api/ai/jobs/%s/artifacts' % job_id).json['artifacts']
+        assert [a['content'] for a in artifacts] == [{'answer': 42}]
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+        proc.stdout.close()
