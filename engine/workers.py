@@ -61,6 +61,9 @@ class WorkerPool:
         delivery = self.queue.pop(self.queue_name, self.consumer_id, timeout_s)
         if delivery is None:
             return 'empty'
+        if self.stopping.is_set():            # popped while stopping: not ours to start
+            self.queue.release(delivery)
+            return None
         with self.connection():
             status = self.engine.execute(delivery.message.job_id)
         if status is None and self.stopping.is_set():
