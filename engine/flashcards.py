@@ -51,9 +51,11 @@ class FlashcardProjector(ResultProjector):
         return ProjectionResult(refs)
 
 
-def flashcard_definition(provider='openai', timeout_ms=120_000, max_retries=2, backoff_ms=2000):
+def flashcard_definition(job_type='flashcard_generation', provider='openai', timeout_ms=120_000,
+                         max_retries=2, backoff_ms=2000):
+    """The definition; tests build variants (shorter timeout, faster backoff)."""
     return JobDefinition(
-        job_type='flashcard_generation',
+        job_type=job_type,
         metadata=Metadata(label='Flashcards', domain='generation', version='1',
                           description='Question/answer study cards from a text.'),
         queue=QueuePolicy(queue_name='ai-interactive', default_priority=40),
