@@ -47,8 +47,8 @@ def parse_query(params):
     return JobQuery(job_type=params.get('jobType') or None,
                     statuses=_statuses(params.get('lifecycleStatus')),
                     queue_name=queue_name, user_id=params.get('userId') or None,
-                    created_from=_time(params.get('createdFrom'), 'createdFrom'),
-                    created_to=_time(params.get('createdTo'), 'createdTo'),
+                    created_from=parse_time(params.get('createdFrom'), 'createdFrom'),
+                    created_to=parse_time(params.get('createdTo'), 'createdTo'),
                     limit=_limit(params.get('limit')), after_id=decode_cursor(params.get('cursor')))
 
 
@@ -99,7 +99,7 @@ def _statuses(raw):
     return tuple(dict.fromkeys(statuses))
 
 
-def _time(raw, name):
+def parse_time(raw, name):
     if not raw:
         return None
     try:

@@ -5,6 +5,7 @@ takes and returns plain values. Every route runs inside ``_Guard``, which turns 
 into its public JSON error (by the error's ``code``, ``http_status`` and ``public_message``),
 anything unexpected into one clean 500, and writes one access-log line.
 """
+import datetime
 import hashlib
 import json
 import logging
@@ -22,9 +23,11 @@ from .logs import log_event
 from .openapi import build_openapi
 from .service import CreateJobInput
 from .store import AiJob, OperationalError
+from .usage import usage_totals
 
 JSON_TYPE = 'application/json'
 MAX_WAIT_MS = 30_000
+USAGE_GROUPS = {'user': 'user', 'jobType': 'job_type'}
 CREATE_FIELDS = ('jobType', 'targetType', 'targetId', 'input', 'idempotencyKey', 'overrides')
 
 # Codes for errors raised by the HTTP layer itself (and by bottle: no route, wrong method).
@@ -175,6 +178,22 @@ def _if_none_match():
     return {tag.strip().removeprefix('W/') for tag in header.split(',') if tag.strip()}
 
 
+def usage_query(params, now):
+    """(since, until, groupBy) of GET /admin-api/ai/usage; by default the last 24 hours."""
+    unknown = sorted(set(params) - {'since', 'until', 'groupBy'})
+    if unknown:
+        raise InvalidRequestError('unknown query parameter %s (allowed: since, until, groupBy)'
+                                  % unknown[0], field=unknown[0])
+    group_by = params.get('groupBy') or 'user'
+    if group_by not in USAGE_GROUPS:
+        raise InvalidRequestError('groupBy must be user or jobType', field='groupBy')
+    until = admin_jobs.parse_time(params.get('until'), 'until') or now
+    since = admin_jobs.parse_time(params.get('since'), 'since') or until - datetime.timedelta(days=1)
+    if since >= until:
+        raise InvalidRequestError('since must be before until', field='since')
+    return since, until, group_by
+
+
 def create_request(principal, body, header_key):
     """A CreateJobInput from a POST body: fields a client may not set are refused, never
     honoured; the job always belongs to the caller."""
@@ -305,6 +324,39 @@ class Api:
                   status=job.lifecycle_status)
         return reply(views.admin_job(job), 201, {'Location': '/api/ai/jobs/%s' % job.id})
 
+    # -- users' provider keys (issue 5); the key itself never comes back, only its mask
+    def register_credential(self):
+        principal = self.caller()
+        body = _json_body(self.max_body_bytes)
+        unknown = sorted(set(body) - {'provider', 'apiKey'})
+        if unknown:
+            raise InvalidRequestError('%s is not a credential field (allowed: provider, apiKey)'
+                                      % unknown[0], field=unknown[0])
+        info = self.runtime.ai.credential_store.register(principal.user_id, body.get('provider'),
+                                                         body.get('apiKey'))
+        log_event('credential.registered', credential_id=info.id, provider=info.provider,
+                  user_id=principal.user_id)
+        return reply(views.credential(info), 201)
+
+    def list_credentials(self):
+        principal = self.caller()
+        infos = self.runtime.ai.credential_store.list(principal.user_id)
+        return reply({'items': [views.credential(info) for info in infos]})
+
+    def delete_credential(self, credential_id):
+        principal = self.caller()
+        if not self.runtime.ai.credential_store.delete(principal.user_id, credential_id):
+            raise HttpError(404, 'Credential not found.', 'CREDENTIAL_NOT_FOUND')
+        log_event('credential.deleted', credential_id=credential_id, user_id=principal.user_id)
+        return bottle.HTTPResponse(status=204)
+
+    def admin_usage(self):
+        self.admin()
+        since, until, group_by = usage_query(_query(), self.store.clock())
+        totals = usage_totals(since, until, USAGE_GROUPS[group_by])
+        return reply({'since': views.iso(since), 'until': views.iso(until), 'groupBy': group_by,
+                      'totals': totals})
+
     # -- operations
     def healthz(self):
         return reply({'status': 'ok'})
@@ -342,6 +394,10 @@ def create_app(runtime):
         ('POST', '/api/ai/jobs/<job_id>/cancel', api.cancel_job, True),
         ('GET', '/admin-api/ai/jobs', api.admin_list_jobs, True),
         ('POST', '/admin-api/ai/jobs/<job_id>/retry', api.admin_retry_job, True),
+        ('POST', '/api/ai/credentials', api.register_credential, True),
+        ('GET', '/api/ai/credentials', api.list_credentials, True),
+        ('DELETE', '/api/ai/credentials/<credential_id>', api.delete_credential, True),
+        ('GET', '/admin-api/ai/usage', api.admin_usage, True),
         ('GET', '/healthz', api.healthz, False),
         ('GET', '/readyz', api.readyz, False),
         ('GET', '/openapi.json', api.openapi_document, False),

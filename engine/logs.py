@@ -69,6 +69,13 @@ def configure(stream=None, level=logging.INFO):
     handler.aijob_json = True
     root.addHandler(handler)
     root.setLevel(level)
+    quiet_sql_logging()
+
+
+def quiet_sql_logging():
+    """peewee logs every statement with its parameters at DEBUG, and those parameters hold job
+    input, output and credential ciphertext: keep that logger above DEBUG whatever the level."""
+    logging.getLogger('peewee').setLevel(logging.INFO)
 
 
 def gunicorn_logconfig():

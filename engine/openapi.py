@@ -25,7 +25,8 @@ ERROR_CODES = {
     429: 'TOO_MANY_JOBS (too many unfinished jobs) or QUOTA_EXCEEDED (daily quota); see '
          'Retry-After',
     500: 'INTERNAL_ERROR: nothing else is said',
-    503: 'PLATFORM_UNAVAILABLE: the AI platform or the store is unavailable; see Retry-After',
+    503: 'PLATFORM_UNAVAILABLE: the AI platform or the store is unavailable; see Retry-After. '
+         'CREDENTIAL_STORAGE_UNAVAILABLE: no credential master key is configured',
 }
 RETRY_AFTER = {'Retry-After': {'description': 'Seconds to wait before trying again.',
                                'schema': {'type': 'integer', 'minimum': 0}}}
@@ -132,6 +133,32 @@ def _schemas(job_types):
                                           'description': 'Pass as `cursor` for the next page; '
                                           'null on the last page.'},
                            'limit': {'type': 'integer'}}},
+        'CreateCredentialRequest': {
+            'type': 'object', 'additionalProperties': False, 'required': ['provider', 'apiKey'],
+            'properties': {'provider': {'type': 'string', 'examples': ['deepseek']},
+                           'apiKey': {'type': 'string', 'maxLength': 512}}},
+        'Credential': {
+            'type': 'object', 'additionalProperties': False,
+            'required': ['id', 'provider', 'maskedKey', 'createdAt'],
+            'properties': {'id': {'type': 'string'}, 'provider': {'type': 'string'},
+                           'maskedKey': {'type': 'string'}, 'createdAt': TIME}},
+        'CredentialList': {
+            'type': 'object', 'additionalProperties': False, 'required': ['items'],
+            'properties': {'items': {'type': 'array', 'items': _ref('Credential')}}},
+        'UsageTotals': {
+            'type': 'object', 'additionalProperties': False,
+            'required': ['since', 'until', 'groupBy', 'totals'],
+            'properties': {
+                'since': TIME, 'until': TIME, 'groupBy': {'enum': ['user', 'jobType']},
+                'totals': {'type': 'array', 'items': {
+                    'type': 'object', 'additionalProperties': False,
+                    'required': ['calls', 'promptTokens', 'completionTokens', 'cost', 'errors'],
+                    'properties': {
+                        'userId': {'type': 'string'}, 'jobType': {'type': 'string'},
+                        'calls': {'type': 'integer'}, 'promptTokens': {'type': 'integer'},
+                        'completionTokens': {'type': 'integer'},
+                        'cost': {'type': 'string', 'description': 'Decimal, as text.'},
+                        'errors': {'type': 'integer'}}}}}},
         'Health': {'type': 'object', 'required': ['status'],
                    'properties': {'status': {'enum': ['ok', 'ready']},
                                   'checks': _ref('Checks')}},
@@ -218,6 +245,40 @@ def _admin_paths():
     }
 
 
+def _credential_and_usage_paths():
+    return {
+        '/api/ai/credentials': {
+            'post': {
+                'summary': "Register one of the caller's provider keys (kept encrypted).",
+                'requestBody': {'required': True, 'content': {'application/json': {
+                    'schema': _ref('CreateCredentialRequest')}}},
+                'responses': dict({'201': _json('Registered; only the mask is returned.',
+                                                _ref('Credential'))},
+                                  **_errors(400, 401, 413, 415, 503))},
+            'get': {
+                'summary': "The caller's provider keys (masked).",
+                'responses': dict({'200': _json('The keys.', _ref('CredentialList'))},
+                                  **_errors(401, 503))}},
+        '/api/ai/credentials/{credentialId}': {'delete': {
+            'summary': "Delete one of the caller's provider keys.",
+            'parameters': [{'name': 'credentialId', 'in': 'path', 'required': True,
+                            'schema': {'type': 'string'}}],
+            'responses': dict({'204': {'description': 'Deleted.'},
+                               '404': _json('CREDENTIAL_NOT_FOUND: no such key of yours.',
+                                            _ref('Error'))},
+                              **_errors(401, 503))}},
+        '/admin-api/ai/usage': {'get': {
+            'summary': 'Provider usage totals per user or per job type (SUPER_ADMIN).',
+            'parameters': [
+                _query_param('since', 'From (inclusive, ISO-8601); default until minus 24 h.', TIME),
+                _query_param('until', 'To (exclusive, ISO-8601); default now.', TIME),
+                _query_param('groupBy', 'user (default) or jobType.',
+                             {'enum': ['user', 'jobType']})],
+            'responses': dict({'200': _json('Totals, costliest first.', _ref('UsageTotals'))},
+                              **_errors(400, 401, 403, 503))}},
+    }
+
+
 def _operations_paths():
     return {
         '/healthz': {'get': {'summary': 'The process is alive.', 'security': [],
@@ -239,7 +300,8 @@ def _operations_paths():
 def build_openapi(registry, extra_paths=None, extra_schemas=None):
     job_types = sorted(d.job_type for d in registry.get_all() if d.api_creatable)
     paths = {}
-    for part in (_job_paths(), _admin_paths(), _operations_paths(), extra_paths or {}):
+    for part in (_job_paths(), _admin_paths(), _credential_and_usage_paths(),
+                 _operations_paths(), extra_paths or {}):
         paths.update(part)
     schemas = _schemas(job_types)
     schemas.update(extra_schemas or {})

@@ -81,3 +81,9 @@ def artifact_contents(job):
                       'ordinal': ref.ordinal,
                       'content': artifact.content if artifact is not None else None})
     return {'jobId': job.id, 'lifecycleStatus': job.lifecycle_status, 'artifacts': items}
+
+
+def credential(info):
+    """A stored provider key as its owner may see it: the mask, never the key."""
+    return {'id': info.id, 'provider': info.provider, 'maskedKey': info.masked_key,
+            'createdAt': iso(info.created_at)}

@@ -454,5 +454,6 @@ def test_openapi_documents_every_route_of_the_app(api):
     assert document['openapi'].startswith('3.1')
     documented = {(method.upper(), path) for path, item in document['paths'].items()
                   for method in item}
-    routes = {(route.method, route.rule.replace('<job_id>', '{jobId}')) for route in api.app.routes}
+    routes = {(route.method, route.rule.replace('<job_id>', '{jobId}')
+               .replace('<credential_id>', '{credentialId}')) for route in api.app.routes}
     assert routes == documented
