@@ -27,11 +27,13 @@ def cmd_worker(config, args):
 
 def cmd_bench(config, args):
     from engine.bench import run_bench
-    return run_bench(config, jobs=args.jobs)
+    return run_bench(config, jobs=args.jobs, rate=args.rate)
 
 
 def bench_args(parser):
     parser.add_argument('--jobs', type=int, default=1000, help='synthetic no-op jobs to run')
+    parser.add_argument('--rate', type=float, default=0,
+                        help='create at this many jobs/s (default 0: all at once)')
 
 
 def cmd_token(config, args):

@@ -22,18 +22,20 @@ from .store import AiJob
 CREATORS = 4        # client threads creating jobs, as several web requests would
 
 
-def run_bench(config, jobs):
+def run_bench(config, jobs, rate=0):
+    """``rate`` > 0 paces creation at that many jobs per second (latency below saturation);
+    0 creates them all at once (throughput, where create→running is mostly queueing)."""
     runtime = Runtime(config, role='bench')
     runtime.store.create_schema()
     worker = _start_worker(runtime)
     try:
         commits_before = runtime.store.commit_count()
-        ids = _create(runtime, jobs)
+        ids = _create(runtime, jobs, rate)
         _wait_terminal(runtime, ids, timeout_s=max(60.0, jobs * 0.2))
         creator_commits = runtime.store.commit_count() - commits_before
     finally:
         worker_commits = worker.stop()
-    figures = _figures(runtime, ids, creator_commits + worker_commits)
+    figures = _figures(runtime, ids, creator_commits + worker_commits, rate)
     for name, value in figures.items():
         print('%s: %s' % (name, value))
     print('e2e_jobs_per_s=%(e2e_jobs_per_s).1f create_to_running_p50_ms=%(p50).2f '
@@ -43,12 +45,15 @@ def run_bench(config, jobs):
     return 0 if figures['succeeded'] == jobs else 1
 
 
-def _create(runtime, jobs):
+def _create(runtime, jobs, rate):
     ids = [None] * jobs
+    started = time.monotonic()
 
     def creator(offset):
         with runtime.store.connection():
             for i in range(offset, jobs, CREATORS):
+                if rate:
+                    time.sleep(max(0.0, started + i / rate - time.monotonic()))
                 request = CreateJobInput(user_id='bench-%d' % i, job_type='synthetic',
                                          target_type='bench', target_id=str(i), input={})
                 ids[i] = runtime.service.create_job(request).job.id
@@ -73,7 +78,7 @@ def _wait_terminal(runtime, ids, timeout_s):
     raise SystemExit('bench: not every job finished within %.0fs' % timeout_s)
 
 
-def _figures(runtime, ids, commits):
+def _figures(runtime, ids, commits, rate):
     with runtime.store.connection():
         rows = list(AiJob.select(AiJob.lifecycle_status, AiJob.created_at, AiJob.started_at,
                                  AiJob.finished_at).where(AiJob.id.in_(ids)))
@@ -81,6 +86,7 @@ def _figures(runtime, ids, commits):
     wall_s = (max(r.finished_at for r in rows) - min(r.created_at for r in rows)).total_seconds()
     return {
         'backends': '%s + %s' % (runtime.store.dialect, 'redis' if runtime.config.uses_redis else 'memory'),
+        'creation': 'paced at %s jobs/s' % rate if rate else 'all at once (%d client threads)' % CREATORS,
         'jobs': len(ids),
         'wall_s': round(wall_s, 3),
         'e2e_jobs_per_s': len(ids) / wall_s if wall_s else float('inf'),

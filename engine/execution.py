@@ -17,7 +17,7 @@ from .canonical import canonical_hash
 from .errors import (AiJobError, IllegalTransitionError, InternalJobError, JobCancelRequestedError,
                      JobCancelledError, JobFailure, JobLockConflictError, JobNotFoundError,
                      JobTimeoutError, OutputValidationError, UnknownJobTypeError)
-from .lifecycle import TERMINAL, Fence
+from .lifecycle import Fence
 from .logs import log_event
 from .providers import CallContext, ProviderRequest, Usage
 from .store import AiJob, AiUsageLog, db_now
@@ -76,23 +76,17 @@ class ExecutionEngine:
 
     # ------------------------------------------------------------ PREPARE
     def execute(self, job_id):
-        """Run job ``job_id`` if this worker can lock it. Returns the terminal status it reached,
-        or None when there was nothing for this worker to do (locked elsewhere, already
-        terminal, lock lost, worker stopping)."""
+        """PREPARE: lock job ``job_id`` (CAS queued → running, or a takeover) and run it. Returns
+        the terminal status it reached, or None when there was nothing for this worker to do
+        (locked elsewhere, already terminal, lock lost, worker stopping)."""
         try:
-            job = self.lifecycle.get(job_id)
-        except JobNotFoundError:
-            return None
-        if job.lifecycle_status in TERMINAL:
-            return None
+            job = self.lifecycle.lock_job(job_id, self.instance_id, self.lock_ttl_ms)
+        except (JobNotFoundError, JobLockConflictError, IllegalTransitionError):
+            return None                 # gone, running elsewhere, or already finished
         try:
             definition = self.registry.get(job.job_type)
         except UnknownJobTypeError:
             definition = None
-        try:
-            job = self.lifecycle.lock_job(job_id, self.instance_id, self.lock_ttl_ms)
-        except (JobLockConflictError, IllegalTransitionError):
-            return None
         attempt = Attempt(job, definition, Fence(self.instance_id, job.attempt_no))
         with self._held_lock:
             self.held[job_id] = attempt
@@ -132,8 +126,10 @@ class ExecutionEngine:
     def _run_attempts(self, a, resolved):
         retries_used = a.job.retry_count
         internal_retries = 0
+        fresh_lock = True               # the lock's own row just said: no cancel requested
         while True:
-            self._check_cancel(a)
+            self._check_cancel(a, read_store=not fresh_lock)
+            fresh_lock = False
             try:
                 output, usage, latency_ms = self._call(a, resolved, retries_used + 1)
                 return self._project(a, resolved, output, usage, latency_ms, retries_used + 1)
@@ -202,9 +198,11 @@ class ExecutionEngine:
         if a.cancel_event.wait(seconds):
             a.stop_if_told()
 
-    def _check_cancel(self, a):
+    def _check_cancel(self, a, read_store=True):
         """Before each provider call: the in-process flag, then the database (the truth)."""
         a.stop_if_told()
+        if not read_store:
+            return
         requested = (AiJob.select(AiJob.cancel_requested_at).where(AiJob.id == a.job.id)
                      .scalar())
         if requested is not None:

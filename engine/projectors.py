@@ -4,7 +4,7 @@ as one JSON artifact."""
 from dataclasses import dataclass, field
 
 from .canonical import canonical_hash
-from .store import AiArtifact, AiJobArtifact, IntegrityError, database, db_now, new_id
+from .store import AiArtifact, AiJobArtifact, db_now, new_id
 
 
 @dataclass(frozen=True)
@@ -29,14 +29,11 @@ class ResultProjector:
 
 
 def link_artifact(tx, job, ref):
-    """Record ``ref`` in ai_job_artifact; a duplicate is an idempotent success (ADR §6.3)."""
-    try:
-        with database.atomic():                        # savepoint: the outer tx stays usable
-            AiJobArtifact.insert(job_id=job.id, artifact_type=ref.artifact_type,
-                                 artifact_id=ref.artifact_id, ordinal=ref.ordinal,
-                                 created_at=db_now()).execute()
-    except IntegrityError:
-        pass
+    """Record ``ref`` in ai_job_artifact; a duplicate is an idempotent success (ADR §6.3), so
+    the insert ignores a unique conflict instead of failing the transaction."""
+    AiJobArtifact.insert(job_id=job.id, artifact_type=ref.artifact_type,
+                         artifact_id=ref.artifact_id, ordinal=ref.ordinal,
+                         created_at=db_now()).on_conflict_ignore().execute()
     return ref
 
 
