@@ -328,7 +328,7 @@ class MemoryQueue(Queue):
             raw = message.encode()
             self._markers[message.queue_job_id] = raw
             self._bands[message.queue_name][band_of(message.priority)].append(raw)
-            self._lock.notify()
+            self._lock.notify_all()      # consumers of both queues share the condition
             return True
 
     def pop(self, queue_name, consumer_id, timeout_s):
@@ -357,7 +357,7 @@ class MemoryQueue(Queue):
         with self._lock:
             if self._remove_processing(delivery):
                 self._bands[m.queue_name][band_of(m.priority)].appendleft(delivery.raw)
-                self._lock.notify()
+                self._lock.notify_all()
 
     def heartbeat(self, consumer_id, ttl_ms):
         with self._lock:
