@@ -22,7 +22,7 @@ from .lifecycle import RUNNING, TERMINAL
 from .logs import log_event
 from .openapi import build_openapi
 from .service import CreateJobInput
-from .store import AiJob, OperationalError
+from .store import OperationalError
 from .usage import usage_totals
 
 JSON_TYPE = 'application/json'
@@ -242,7 +242,7 @@ class Api:
     def visible_job(self, job_id, principal, admin_sees_all=True):
         """The job if ``principal`` may see it; otherwise JOB_NOT_FOUND, never 403, so that job
         ids of other users cannot even be confirmed."""
-        job = AiJob.get_or_none(AiJob.id == job_id)
+        job = views.find_for_status(job_id)
         if job is None or not (job.user_id == principal.user_id
                                or (admin_sees_all and principal.is_admin)):
             raise JobNotFoundError(job_id)
@@ -285,7 +285,7 @@ class Api:
             if remaining <= 0:
                 break
             time.sleep(min(self.wait_poll_s, remaining))
-            body, etag = self.status_with_etag(AiJob.get(AiJob.id == job_id))
+            body, etag = self.status_with_etag(views.find_for_status(job_id))
         return body, etag
 
     def status_body(self, job):
