@@ -68,6 +68,12 @@ def http_url_or_empty(value):
     raise ValueError('expected http(s)://HOST[:PORT]/PATH, or empty for no provider')
 
 
+def non_empty_text(value):
+    if not value.strip():
+        raise ValueError('expected a non-empty value')
+    return value.strip()
+
+
 def secret_or_empty(value):
     return value or None
 
@@ -177,7 +183,7 @@ SETTINGS = (
     Setting('AIJOB_PROVIDER_BASE_URL', '', http_url_or_empty,
             'OpenAI-compatible API (https://api.deepseek.com, http://127.0.0.1:8080/v1, ...). '
             'Unset: only the offline synthetic provider exists.'),
-    Setting('AIJOB_PROVIDER_MODEL', 'deepseek-chat', text,
+    Setting('AIJOB_PROVIDER_MODEL', 'deepseek-chat', non_empty_text,
             'Model the OpenAI-compatible provider asks for.'),
     Setting('AIJOB_PROVIDER_READ_TIMEOUT_MS', '60000', positive_int,
             'A provider connection silent this long (no byte) fails the call PROVIDER_TIMEOUT, '
