@@ -3,7 +3,9 @@ from decimal import Decimal
 
 import pytest
 
-from engine.errors import ContentSafetyError, ProviderRequestError
+from engine.ai_services import build_ai_services
+from engine.config import Config
+from engine.errors import ConfigError, ContentSafetyError, ProviderRequestError
 from engine.flashcards import FLASHCARD_JOB_DEFINITION
 from engine.pricing import PriceTableCostCalculator, parse_price_table
 from engine.prompts import FLASHCARDS_V1, PromptLibrary, PromptTemplate, default_library
@@ -103,3 +105,26 @@ def test_a_retry_adds_a_json_only_reminder():
     first = default_library().render(request())[0]['content']
     retry = default_library().render(request(attempt=2))[0]['content']
     assert 'JSON object only' in retry and 'JSON object only' not in first
+
+
+# ---------------------------------------------------------------- settings and wiring
+@pytest.mark.parametrize('env', [{'AIJOB_CONTENT_SAFETY_PATTERNS': '["(unclosed"]'},
+                                 {'AIJOB_CONTENT_SAFETY_PATTERNS': '"one string"'},
+                                 {'AIJOB_PRICE_TABLE': '{"m": {"prompt": "-1"}}'},
+                                 {'AIJOB_PROVIDER_BASE_URL': 'ftp://127.0.0.1/v1'},
+                                 {'AIJOB_PROVIDER_MODEL': ''}])
+def test_bad_ai_settings_stop_start_up(env):
+    with pytest.raises(ConfigError):
+        Config.from_env(env)
+
+
+def test_the_gateway_has_only_the_synthetic_provider_until_a_base_url_is_set():
+    bare = build_ai_services(Config.from_env({}), store=None)
+    assert bare.gateway.provider_for(FLASHCARD_JOB_DEFINITION) is None
+    assert not bare.platform_available(FLASHCARD_JOB_DEFINITION)
+    configured = build_ai_services(Config.from_env({
+        'AIJOB_PROVIDER_BASE_URL': 'http://127.0.0.1:8080/v1', 'AIJOB_PROVIDER_MODEL': 'local',
+        'AIJOB_PLATFORM_API_KEY': 'local'}), store=None)
+    provider, model = configured.gateway.route(FLASHCARD_JOB_DEFINITION, job=None)
+    assert (provider.key, model, provider.base_url) == ('openai', 'local', 'http://127.0.0.1:8080/v1')
+    assert configured.platform_available(FLASHCARD_JOB_DEFINITION)
