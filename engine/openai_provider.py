@@ -70,7 +70,6 @@ class _Call:
         self.finish_reason = None
         self.usage = None
         self.model = None
-        self.started = time.monotonic()
 
     def collect(self, stream, model):
         watcher = _Watcher(self.ctx, stream)
@@ -129,7 +128,6 @@ class _Call:
             failure = classify(exc)
         # A failure before any chunk was billed nothing we can know of; after, estimate.
         return _with_usage(failure, self.estimated_usage() if self.parts or self.usage else Usage())
-
 
     def translate_malformed(self):
         return _with_usage(ProviderError('provider sent a malformed stream event',
