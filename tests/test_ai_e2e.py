@@ -166,6 +166,15 @@ def test_a_stream_still_running_at_the_job_deadline_ends_timeout(rt, fake):
     assert [r.error_code for r in usage_rows(job)] == ['TIMEOUT']
 
 
+def test_a_jobs_prompt_version_selects_its_template(rt, fake):
+    fake.script(json_reply(CARDS))
+    assert run_flashcards(rt, overrides={'promptVersion': 'v1'}).lifecycle_status == 'succeeded'
+    assert 'at most 5 flashcards' in fake.requests[0]['messages'][-1]['content']
+    job = run_flashcards(rt, overrides={'promptVersion': 'v9'})
+    assert (job.lifecycle_status, job.error_code) == ('failed', 'PROVIDER_BAD_REQUEST')
+    assert len(fake.requests) == 1                  # the unknown version never reached the server
+
+
 def test_a_user_key_job_calls_with_the_owners_key(rt, fake):
     fake.script(json_reply(CARDS))
     credential = rt.ai.credential_store.register('user-a', 'deepseek', USER_KEY)
