@@ -7,7 +7,7 @@ import pytest
 from engine.api import create_app
 from engine.auth import TokenStore
 from engine.errors import InternalJobError
-from engine.lifecycle import Fence
+from engine.lifecycle import TERMINAL, Fence
 from engine.registry import JobDefinitionRegistry
 from engine.synthetic import synthetic_definition
 from tests.wsgi_client import OpenApiCheck, WsgiClient
@@ -105,10 +105,13 @@ def poll_until(client, job_id, statuses, timeout_s=20.0):
     deadline = time.monotonic() + timeout_s
     etag = None
     while time.monotonic() < deadline:
+        # The first read takes the state as it is; later ones wait for a change from it.
         headers = {'If-None-Match': etag} if etag else {}
-        response = client.get(JOBS + '/' + job_id, query={'waitMs': 2000}, headers=headers)
+        query = {'waitMs': 2000} if etag else {}
+        response = client.get(JOBS + '/' + job_id, query=query, headers=headers)
         if response.status == 200:
             etag = response.headers['etag']
             if response.json['lifecycleStatus'] in statuses:
                 return response.json
+            assert response.json['lifecycleStatus'] not in TERMINAL, response.json
     raise AssertionError('job %s did not reach %s in %.0fs' % (job_id, statuses, timeout_s))
