@@ -64,8 +64,14 @@ class WorkerPool:
         if self.stopping.is_set():            # popped while stopping: not ours to start
             self.queue.release(delivery)
             return None
-        with self.connection():
-            status = self.engine.execute(delivery.message.job_id)
+        try:
+            with self.connection():
+                status = self.engine.execute(delivery.message.job_id)
+        except Exception:
+            # The store failed under us (the engine handles job failures itself): put the
+            # message back rather than strand it in this live consumer's processing list.
+            self.queue.release(delivery)
+            raise
         if status is None and self.stopping.is_set():
             self.queue.release(delivery)      # handed back: another worker takes it over
         else:
