@@ -20,7 +20,8 @@ from .errors import (AiJobError, IllegalTransitionError, InternalJobError, JobCa
 from .lifecycle import Fence
 from .logs import log_event
 from .providers import CallContext, ProviderRequest, Usage
-from .store import AiJob, AiUsageLog, db_now
+from .store import AiJob
+from .usage import record_usage
 
 log = logging.getLogger('aijob.engine')
 MAX_INTERNAL_RETRIES = 1            # ADR §5.2: INTERNAL_* is retried at most once
@@ -254,13 +255,9 @@ class ExecutionEngine:
 
     def _log_usage(self, a, resolved, call_no, usage, latency_ms, error_code):
         usage = usage or Usage()
-        AiUsageLog.insert(
-            job_id=a.job.id, user_id=a.job.user_id, job_type=a.job.job_type, attempt_no=call_no,
-            credential_mode=a.job.credential_mode, provider=resolved.provider.key or '',
-            model=resolved.model or '', prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cost=self.ai.pricing.cost(resolved.provider.key, resolved.model, usage),
-            latency_ms=latency_ms, error_code=error_code, created_at=db_now()).execute()
+        key = resolved.provider.key or ''
+        record_usage(a.job, call_no, key, resolved.model, usage,
+                     self.ai.pricing.cost(key, resolved.model, usage), latency_ms, error_code)
 
     # ------------------------------------------------------------ for the supervisor
     def held_attempts(self):

@@ -5,20 +5,21 @@ from decimal import Decimal
 from peewee import fn
 
 from .pricing import COST_PLACES
-from .store import AiUsageLog, database, db_now
+from .store import AiUsageLog, db_now
 
 GROUPS = {'user': ('userId', AiUsageLog.user_id), 'job_type': ('jobType', AiUsageLog.job_type)}
 
 
 def record_usage(job, attempt_no, provider, model, usage, cost, latency_ms, error_code=None):
-    """Write the row for one provider call of ``job``; ``usage`` is a providers.Usage."""
-    with database.connection_context():
-        AiUsageLog.insert(
-            job_id=job.id, user_id=job.user_id, job_type=job.job_type, attempt_no=attempt_no,
-            credential_mode=job.credential_mode, provider=provider, model=model or '',
-            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-            cost=cost, latency_ms=int(latency_ms), error_code=error_code,
-            created_at=db_now()).execute()
+    """Write the row for one provider call of ``job``; ``usage`` is a providers.Usage. Runs on
+    the caller's connection, inside its transaction if it has one (the engine writes the row
+    of a successful call in the PROJECT transaction)."""
+    AiUsageLog.insert(
+        job_id=job.id, user_id=job.user_id, job_type=job.job_type, attempt_no=attempt_no,
+        credential_mode=job.credential_mode, provider=provider, model=model or '',
+        prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+        cost=cost, latency_ms=int(latency_ms), error_code=error_code,
+        created_at=db_now()).execute()
 
 
 def usage_totals(since, until, group_by='user'):
@@ -38,8 +39,7 @@ def usage_totals(since, until, group_by='user'):
              .where((AiUsageLog.created_at >= since) & (AiUsageLog.created_at < until))
              .group_by(column)
              .dicts())
-    with database.connection_context():
-        rows = [_total(name, row) for row in query]
+    rows = [_total(name, row) for row in query]
     return sorted(rows, key=lambda r: (-Decimal(r['cost']), r[name]))
 
 
