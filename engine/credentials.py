@@ -11,31 +11,14 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from .errors import AiJobError, CredentialError, InvalidRequestError
+from .errors import (CredentialNotFoundError, CredentialStorageUnavailableError,
+                     CredentialUndecryptableError, InvalidRequestError)
 from .providers import Credential, CredentialResolver
 from .store import UserModelCredential, new_id
 
 NONCE_BYTES = 12
 MAX_KEY_CHARS = 512
 PROVIDER_PATTERN = re.compile(r'^[a-z][a-z0-9_.-]{0,63}$')
-
-
-class CredentialNotFoundError(CredentialError):
-    """No such credential, or it belongs to another user (the two are indistinguishable)."""
-    code = 'CREDENTIAL_NOT_FOUND'
-    public_message = 'The API key chosen for this job does not exist.'
-
-
-class CredentialUndecryptableError(CredentialError):
-    """The stored ciphertext does not open under this master key (rotated or wrong key)."""
-    code = 'CREDENTIAL_UNDECRYPTABLE'
-    public_message = 'The API key chosen for this job can no longer be used; register it again.'
-
-
-class CredentialStorageUnavailableError(AiJobError):
-    code = 'CREDENTIAL_STORAGE_UNAVAILABLE'
-    http_status = 503
-    public_message = 'Storing API keys is not enabled on this server.'
 
 
 def decode_master_key(text):

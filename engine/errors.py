@@ -246,6 +246,24 @@ class CredentialError(JobFailure):
     public_message = 'The API key for this job is missing or invalid.'
 
 
+class CredentialNotFoundError(CredentialError):
+    """No such credential, or it belongs to another user (the two are indistinguishable)."""
+    code = 'CREDENTIAL_NOT_FOUND'
+    public_message = 'The API key chosen for this job does not exist.'
+
+
+class CredentialUndecryptableError(CredentialError):
+    """The stored ciphertext does not open under this master key (rotated or wrong key)."""
+    code = 'CREDENTIAL_UNDECRYPTABLE'
+    public_message = 'The API key chosen for this job can no longer be used; register it again.'
+
+
+class CredentialStorageUnavailableError(AiJobError):
+    code = 'CREDENTIAL_STORAGE_UNAVAILABLE'
+    http_status = 503
+    public_message = 'Storing API keys is not enabled on this server.'
+
+
 class JobCancelledError(JobFailure):
     code = 'CANCELLED'
     retryable = False

@@ -10,7 +10,7 @@ from engine.errors import (DuplicateJobDefinitionError, InvalidCredentialPolicyE
                            InvalidDefinitionError, InvalidJobTypeError, InvalidPriorityError,
                            InvalidQueueError, InvalidRetryPolicyError, InvalidTimeoutError,
                            UnknownJobTypeError)
-from engine.registry import (CredentialPolicy, ExecutionPolicy, JobDefinitionRegistry, Metadata,
+from engine.registry import (CredentialPolicy, JobDefinitionRegistry, Metadata,
                              OutputSpec, QueuePolicy, RetryBackoff)
 from engine.runtime import build_registry
 from engine.synthetic import SYNTHETIC_JOB_DEFINITION, synthetic_definition
