@@ -182,7 +182,7 @@ class AiJobLifecycleRepository:
             where = ((AiJob.lifecycle_status == RUNNING) & fence.condition(self.store)
                      & AiJob.cancel_requested_at.is_null(False))
             return self._finish(job_id, CANCELLED, where, values, now)
-        values[AiJob.cancel_requested_at] = now
+        values.update({AiJob.cancel_requested_at: now, AiJob.finished_at: now})
         if self._update(job_id, CANCELLED, AiJob.lifecycle_status == QUEUED, values, now):
             return self.get(job_id)
         return self.request_cancel(job_id)

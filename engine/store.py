@@ -43,6 +43,13 @@ class Timestamp(DateTimeField):
     """DATETIME(6), UTC, written from the database clock."""
     field_type = 'DATETIME(6)'
 
+    def db_value(self, value):
+        # SQLite keeps times as text at the clock's millisecond precision; a Python datetime
+        # compared with them must be written the same way, or '….123' < '….123000'.
+        if isinstance(value, datetime.datetime) and isinstance(database.obj, peewee.SqliteDatabase):
+            return value.strftime('%Y-%m-%d %H:%M:%S.') + '%03d' % (value.microsecond // 1000)
+        return super().db_value(value)
+
 
 class JSONText(TextField):
     """JSON kept as LONGTEXT (MariaDB's JSON is LONGTEXT anyway; SQLite has no JSON type)."""

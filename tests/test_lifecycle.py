@@ -170,3 +170,11 @@ def test_find_by_lifecycle_status(runtime):
     assert {j.id for j in repo.find_by_lifecycle_status(['queued', 'running'])} == \
         {queued.id, running.id}
     assert repo.find_by_lifecycle_status(['running'], queue_name='ai-background') == []
+
+
+def test_every_terminal_state_records_when_it_finished(runtime):
+    repo = runtime.lifecycle
+    cancelled = repo.mark_cancelled(create_job(runtime, target_id='queued').id)
+    assert cancelled.finished_at is not None and cancelled.lock_until is None
+    for state in ('succeeded', 'failed'):
+        assert job_in_state(runtime, state).finished_at is not None
