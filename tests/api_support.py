@@ -8,8 +8,7 @@ from engine.api import create_app
 from engine.auth import TokenStore
 from engine.errors import InternalJobError
 from engine.lifecycle import TERMINAL, Fence
-from engine.registry import JobDefinitionRegistry
-from engine.synthetic import synthetic_definition
+from tests.engine_support import FAST_SETTINGS, fast_registry  # noqa: F401 (re-exported)
 from tests.wsgi_client import OpenApiCheck, WsgiClient
 
 JOBS = '/api/ai/jobs'
@@ -70,21 +69,8 @@ def run_to_failed(runtime, job_id, internal='provider said 500 at https://intern
 
 
 # ---------------------------------------------------------------- with the engine running
-# Intervals shrunk so that recovery paths stay quick; correctness does not depend on them.
-FAST_SETTINGS = {
-    'AIJOB_LOCK_TTL_MS': '1500', 'AIJOB_HEARTBEAT_MS': '300', 'AIJOB_REAP_AFTER_MS': '600',
-    'AIJOB_REAPER_INTERVAL_MS': '200', 'AIJOB_OUTBOX_POLL_MS': '100',
-    'AIJOB_OUTBOX_LOCK_TTL_MS': '1000', 'AIJOB_OUTBOX_RELEASE_MS': '300',
-    'AIJOB_RECONCILE_AFTER_MS': '500', 'AIJOB_SHUTDOWN_GRACE_MS': '3000',
-}
-
-
-def running_registry():
-    registry = JobDefinitionRegistry()
-    registry.register(synthetic_definition(backoff_ms=20))
-    registry.register(synthetic_definition(job_type='synthetic_bg', queue_name='ai-background',
-                                           backoff_ms=20))
-    return registry
+# The engine tests' fast intervals and fast synthetic definitions (synthetic_bg included).
+running_registry = fast_registry
 
 
 @pytest.fixture
