@@ -12,8 +12,7 @@ from engine.auth import TokenStore
 from engine.registry import JobDefinitionRegistry
 from engine.store import AiJob, AiJobSnapshot, ApiToken, OutboxEvent
 from engine.synthetic import SYNTHETIC_JOB_DEFINITION, synthetic_definition
-from tests.api_support import (ADMIN_JOBS, JOBS, Harness, api, job_body,  # noqa: F401 (fixture)
-                               run_to_failed, run_to_running)
+from tests.api_support import ADMIN_JOBS, JOBS, Harness, job_body, run_to_failed, run_to_running
 from tests.helpers import run_threads
 from tests.wsgi_client import WsgiClient
 

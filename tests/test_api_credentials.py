@@ -6,8 +6,8 @@ import pytest
 
 from engine.logs import JsonFormatter, quiet_sql_logging
 from engine.store import UserModelCredential
-from tests.api_support import (FAST_SETTINGS, JOBS, Harness, job_body, live_api,  # noqa: F401
-                               poll_until, running_registry)
+from tests.api_support import (FAST_SETTINGS, JOBS, Harness, job_body, poll_until,
+                               running_registry)
 
 CREDENTIALS = '/api/ai/credentials'
 USAGE = '/admin-api/ai/usage'

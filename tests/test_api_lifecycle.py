@@ -1,8 +1,7 @@
 """The full job lifecycle through HTTP with the engine running in this process: create → poll →
 succeeded → artifacts, cancel queued and running, failure details by role, admin retry."""
 from engine.store import AiJob
-from tests.api_support import (ADMIN_JOBS, JOBS, job_body, live_api,  # noqa: F401 (fixture)
-                               poll_until)
+from tests.api_support import ADMIN_JOBS, JOBS, job_body, poll_until
 
 
 def test_create_poll_succeed_and_read_the_artifacts(live_api):

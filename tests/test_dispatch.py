@@ -5,7 +5,7 @@ from engine.dispatcher import OutboxDispatcher
 from engine.outbox import PENDING, PUBLISHED
 from engine.queues import RedisQueue
 from engine.store import AiJob, AiUsageLog, OutboxEvent
-from tests.engine_support import engine_rt, wait_terminal  # noqa: F401 (fixture)
+from tests.engine_support import wait_terminal
 from tests.helpers import create_job, wait_until
 
 

@@ -8,7 +8,7 @@ import pytest
 from engine.projectors import ProjectionResult, ResultProjector, store_json_artifact
 from engine.store import AiArtifact, AiJob, AiJobArtifact, AiUsageLog
 from engine.synthetic import synthetic_definition
-from tests.engine_support import engine_rt, run_job, wait_terminal  # noqa: F401 (fixture)
+from tests.engine_support import run_job, wait_terminal
 from tests.helpers import create_job, wait_until
 
 

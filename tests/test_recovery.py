@@ -12,7 +12,7 @@ import pytest
 from engine.execution import ExecutionEngine
 from engine.store import AiJob, AiJobArtifact
 from tests.conftest import REDIS_URL, delete_redis_keys, require_servers
-from tests.engine_support import FAST_SETTINGS, engine_rt, wait_terminal  # noqa: F401 (fixture)
+from tests.engine_support import FAST_SETTINGS, wait_terminal
 from tests.helpers import create_job, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
