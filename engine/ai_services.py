@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from .credentials import CredentialStore, StoredCredentialResolver, decode_master_key
+from .errors import InvalidRequestError, PlatformUnavailableError
 from .flashcards import FlashcardProjector
 from .openai_provider import OpenAICompatibleProvider
 from .pricing import PriceTableCostCalculator
@@ -30,6 +31,24 @@ class AiServices:
         if provider is None:
             return False
         return self.platform_key_configured or not getattr(provider, 'needs_api_key', False)
+
+    def check_creatable(self, definition, overrides):
+        """Refuse at creation what could only fail once the job runs: a job type whose provider
+        is not configured, platform mode without a platform key (PLATFORM_UNAVAILABLE), or a
+        promptVersion the provider has no template for."""
+        provider = self.gateway.provider_for(definition)
+        mode = overrides.get('credentialMode') or definition.credential.default_mode
+        if provider is None or (mode == 'platform_key' and not self.platform_available(definition)):
+            raise PlatformUnavailableError('%s cannot run here: provider %s not configured or no '
+                                           'platform key' % (definition.job_type, definition.provider))
+        version = overrides.get('promptVersion')
+        prompts = getattr(provider, 'prompts', None)
+        if version is not None and prompts is not None \
+                and version not in prompts.versions(definition.job_type):
+            raise InvalidRequestError('overrides.promptVersion %r is unknown for %s (known: %s)'
+                                      % (version, definition.job_type,
+                                         ', '.join(prompts.versions(definition.job_type))),
+                                      field='overrides.promptVersion')
 
 
 def build_ai_services(config, store):

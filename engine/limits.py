@@ -6,7 +6,7 @@ limit may both pass; a limit is a guard against runaway clients, not an exact bu
 """
 import datetime
 
-from .errors import PlatformUnavailableError, QuotaExceededError, TooManyJobsError
+from .errors import QuotaExceededError, TooManyJobsError
 from .lifecycle import QUEUED, RUNNING
 from .store import AiJob
 
@@ -26,14 +26,9 @@ class Admission:
                    daily_quota=config.daily_job_quota)
 
     def __call__(self, request, definition):
-        self._check_platform(request, definition)
+        self.ai.check_creatable(definition, request.overrides or {})
         self._check_active(request.user_id)
         self._check_daily_quota(request.user_id)
-
-    def _check_platform(self, request, definition):
-        mode = (request.overrides or {}).get('credentialMode') or definition.credential.default_mode
-        if mode == 'platform_key' and not self.ai.platform_available(definition):
-            raise PlatformUnavailableError('no platform key for %s' % definition.job_type)
 
     def _check_active(self, user_id):
         if not self.max_active_per_user:

@@ -42,12 +42,16 @@ class PromptLibrary:
         self._versions.setdefault(template.job_type, {})[template.version] = template
 
     def versions(self, job_type):
-        return list(self._versions.get(job_type, {}))
+        """The versions a job of ``job_type`` may ask for: its own, else the generic ones."""
+        return list(self._templates_for(job_type))
+
+    def _templates_for(self, job_type):
+        return self._versions.get(job_type) or self._versions.get(GENERIC) or {}
 
     def get(self, job_type, version=None):
         """The template ``version`` of ``job_type`` (default: the latest registered), else the
         generic template. An unknown version is a request the provider cannot serve."""
-        versions = self._versions.get(job_type) or self._versions.get(GENERIC) or {}
+        versions = self._templates_for(job_type)
         if version is None:
             if not versions:
                 raise ProviderRequestError('no prompt template for %s' % job_type)

@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import pytest
 
+from engine.errors import InvalidRequestError, PlatformUnavailableError
 from engine.flashcards import flashcard_definition
 from engine.lifecycle import TERMINAL
 from engine.registry import JobDefinitionRegistry
@@ -170,9 +171,18 @@ def test_a_jobs_prompt_version_selects_its_template(rt, fake):
     fake.script(json_reply(CARDS))
     assert run_flashcards(rt, overrides={'promptVersion': 'v1'}).lifecycle_status == 'succeeded'
     assert 'at most 5 flashcards' in fake.requests[0]['messages'][-1]['content']
-    job = run_flashcards(rt, overrides={'promptVersion': 'v9'})
-    assert (job.lifecycle_status, job.error_code) == ('failed', 'PROVIDER_BAD_REQUEST')
-    assert len(fake.requests) == 1                  # the unknown version never reached the server
+    with pytest.raises(InvalidRequestError) as refused:     # refused before anything is written
+        create_job(rt, job_type='flashcard_generation', input={'text': TEXT},
+                   overrides={'promptVersion': 'v9'})
+    assert refused.value.field == 'overrides.promptVersion'
+    assert len(fake.requests) == 1
+
+
+def test_a_user_key_job_for_an_unconfigured_provider_is_refused_at_creation(make_runtime):
+    rt = make_runtime()                                     # no provider base URL configured
+    with pytest.raises(PlatformUnavailableError):
+        create_job(rt, job_type='flashcard_generation', input={'text': TEXT},
+                   overrides={'credentialMode': 'user_deepseek_key', 'credentialId': 'c-1'})
 
 
 def test_a_user_key_job_calls_with_the_owners_key(rt, fake):
