@@ -17,7 +17,7 @@ from engine.runtime import Runtime
 from engine.store import MODELS
 
 # Fixtures shared by several test modules live beside their helpers.
-pytest_plugins = ('tests.engine_support', 'tests.api_support')
+pytest_plugins = ('tests.engine_support', 'tests.api_support', 'tests.fake_openai')
 
 MYSQL_URL = os.environ.get('AIJOB_TEST_MYSQL_URL', 'mysql://root@127.0.0.1:3306/test')
 REDIS_URL = os.environ.get('AIJOB_TEST_REDIS_URL', 'redis://127.0.0.1:6379/0')

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 
+import pytest
+
 
 @dataclass
 class Reply:
@@ -173,3 +175,11 @@ def _completion(body, reply):
 def _split(text, count):
     size = max(1, -(-len(text) // count))
     return [text[i:i + size] for i in range(0, len(text), size)] or ['']
+
+
+@pytest.fixture
+def fake():
+    """A FakeOpenAI server on loopback for one test."""
+    server = FakeOpenAI().start()
+    yield server
+    server.stop()

@@ -13,7 +13,7 @@ from engine.lifecycle import TERMINAL
 from engine.registry import JobDefinitionRegistry
 from engine.store import AiArtifact, AiJob, AiJobArtifact, AiUsageLog
 from engine.synthetic import synthetic_definition
-from tests.fake_openai import FakeOpenAI, Reply, error_reply, json_reply
+from tests.fake_openai import Reply, error_reply, json_reply
 from tests.helpers import create_job, wait_until
 
 CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'},
@@ -32,13 +32,6 @@ def registry():
     reg.register(flashcard_definition(timeout_ms=10_000, max_retries=2, backoff_ms=20))
     reg.register(flashcard_definition(job_type='flashcard_quick', timeout_ms=1000, max_retries=0))
     return reg
-
-
-@pytest.fixture
-def fake():
-    server = FakeOpenAI().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -12,18 +12,11 @@ from engine.errors import (ContentSafetyError, CredentialError, JobCancelledErro
 from engine.flashcards import FLASHCARD_JOB_DEFINITION
 from engine.openai_provider import OpenAICompatibleProvider, retry_after_seconds
 from engine.providers import CallContext, Credential, ProviderRequest
-from tests.fake_openai import FakeOpenAI, Reply, error_reply, json_reply
+from tests.fake_openai import Reply, error_reply, json_reply
 
 CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'},
                    {'question': 'Capital of Italy?', 'answer': 'Rome'}]}
 API_KEY = 'sk-test-0123456789abcdef'
-
-
-@pytest.fixture
-def fake():
-    server = FakeOpenAI().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
