@@ -199,7 +199,7 @@ def test_wait_returns_as_soon_as_the_job_changes(api):
     elapsed = time.monotonic() - started
     timer.join()
     assert response.status == 200 and response.json['lifecycleStatus'] == 'running'
-    assert 0.25 < elapsed < 2.0
+    assert 0.25 < elapsed < 4.0             # woke on the change, not at the 5 s limit
 
 
 def test_wait_times_out_with_304_when_nothing_changes(api):
@@ -208,7 +208,7 @@ def test_wait_times_out_with_304_when_nothing_changes(api):
     started = time.monotonic()
     response = api.a.get(JOBS + '/' + job_id, query={'waitMs': 300},
                          headers={'If-None-Match': etag})
-    assert response.status == 304 and 0.28 < time.monotonic() - started < 1.5
+    assert response.status == 304 and 0.28 < time.monotonic() - started < 3.0
 
 
 def test_wait_on_a_terminal_job_returns_at_once(api):
@@ -216,7 +216,7 @@ def test_wait_on_a_terminal_job_returns_at_once(api):
     api.a.post(JOBS + '/%s/cancel' % job_id)
     started = time.monotonic()
     response = api.a.get(JOBS + '/' + job_id, query={'waitMs': 5000})
-    assert response.status == 200 and time.monotonic() - started < 1.0
+    assert response.status == 200 and time.monotonic() - started < 3.0     # not the 5 s wait
 
 
 @pytest.mark.parametrize('value', ['-1', '30001', 'soon'])

@@ -86,15 +86,13 @@ def test_validation_errors_are_retried(engine_rt):
 
 def test_a_job_past_its_timeout_ends_timeout(engine_rt):
     engine_rt.start_background()
-    started = time.monotonic()
-    job = run_job(engine_rt, job_type='synthetic_short', sleepMs=5000)
+    job = run_job(engine_rt, job_type='synthetic_short', sleepMs=300_000)   # 1 s timeout
     assert (job.lifecycle_status, job.error_code, job.retry_count) == ('failed', 'TIMEOUT', 0)
-    assert time.monotonic() - started < 4
 
 
 def test_abort_strategy_retry_retries_a_timeout(engine_rt):
     engine_rt.start_background()
-    job = run_job(engine_rt, job_type='synthetic_short_retry', sleepMs=5000)
+    job = run_job(engine_rt, job_type='synthetic_short_retry', sleepMs=300_000)
     assert (job.lifecycle_status, job.error_code, job.retry_count) == ('failed', 'TIMEOUT', 1)
 
 
@@ -109,13 +107,11 @@ def test_cancel_while_queued(engine_rt):
 
 def test_cancel_while_running_ends_cancelled_never_succeeded(engine_rt):
     engine_rt.start_background()
-    job = create_job(engine_rt, input={'sleepMs': 10_000})
+    job = create_job(engine_rt, input={'sleepMs': 300_000})   # ends only if the cancel stops it
     wait_until(lambda: AiJob.get_by_id(job.id).lifecycle_status == 'running')
-    requested_at = time.monotonic()
     assert engine_rt.service.cancel_job(job.id).lifecycle_status == 'running'
     done = wait_terminal(engine_rt, job.id)
     assert (done.lifecycle_status, done.error_code) == ('cancelled', 'CANCELLED')
-    assert time.monotonic() - requested_at < 2          # the fast path, not the 10 s sleep
     assert AiJobArtifact.select().where(AiJobArtifact.job_id == job.id).count() == 0
 
 
