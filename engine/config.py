@@ -79,17 +79,11 @@ def secret_or_empty(value):
 
 
 def master_key_or_empty(value):
-    """Kept as text (so Config.replace round-trips); credentials.py decodes it."""
+    """Validated here and kept as text; credentials.py decodes it."""
     if value == '':
         return None
     from .credentials import decode_master_key      # imported here: config stays import-light
-    try:
-        decode_master_key(value)
-    except ValueError as exc:
-        # ConfigError passes through Config.from_env, whose message would echo the value.
-        raise ConfigError('AIJOB_CREDENTIAL_MASTER_KEY is invalid: %s (generate one with: '
-                          'python -c "import os, base64; print(base64.b64encode(os.urandom(32))'
-                          '.decode())")' % exc) from None
+    decode_master_key(value)
     return value
 
 
@@ -113,16 +107,13 @@ def key_prefix(value):
     return value
 
 
-def text(value):
-    return value
-
-
 @dataclass(frozen=True)
 class Setting:
     env: str
     default: str
     parse: callable
     help: str
+    secret: bool = False        # may hold a password or key: never echoed in an error
 
     @property
     def attr(self):
@@ -131,9 +122,11 @@ class Setting:
 
 SETTINGS = (
     Setting('AIJOB_DATABASE_URL', 'sqlite:///aijob.db', database_url,
-            'The store: sqlite:///PATH (embedded default) or mysql://USER:PASS@HOST:PORT/DB.'),
+            'The store: sqlite:///PATH (embedded default) or mysql://USER:PASS@HOST:PORT/DB.',
+            secret=True),
     Setting('AIJOB_REDIS_URL', '', redis_url,
-            'Redis for the queues (redis://HOST:PORT/DB). Unset: the in-memory queue, one process only.'),
+            'Redis for the queues (redis://HOST:PORT/DB). Unset: the in-memory queue, one process only.',
+            secret=True),
     Setting('AIJOB_REDIS_PREFIX', 'aijob', key_prefix,
             'Prefix of every Redis key this service writes.'),
     Setting('AIJOB_DEFINITIONS', '', module_list,
@@ -190,10 +183,12 @@ SETTINGS = (
             'retryable; the job deadline (timeoutMs) bounds every call as well.'),
     Setting('AIJOB_PLATFORM_API_KEY', '', secret_or_empty,
             'The platform key (credentialMode platform_key) for the OpenAI-compatible provider; '
-            'never stored in the database. Unset: platform_key jobs get PLATFORM_UNAVAILABLE.'),
+            'never stored in the database. Unset: platform_key jobs get PLATFORM_UNAVAILABLE.',
+            secret=True),
     Setting('AIJOB_CREDENTIAL_MASTER_KEY', '', master_key_or_empty,
             'Base64 of 32 random bytes: the AES-256-GCM key of stored user API keys. Unset: '
-            'users cannot register keys.'),
+            'users cannot register keys. Generate one with: python -c "import os, base64; '
+            'print(base64.b64encode(os.urandom(32)).decode())"', secret=True),
     Setting('AIJOB_PRICE_TABLE', '', price_table,
             'JSON prices per model ("*" = any other), e.g. {"deepseek-chat": {"prompt": "0.27", '
             '"completion": "1.10", "per": 1000000}}. Unset: every call costs 0.'),
@@ -201,8 +196,6 @@ SETTINGS = (
             'JSON array of case-insensitive regular expressions that block job input and output '
             'when a definition asks for a safety check. Unset: block private keys only.'),
 )
-
-_BY_ENV = {setting.env: setting for setting in SETTINGS}
 
 
 class Config:
@@ -223,33 +216,16 @@ class Config:
             try:
                 values[setting.attr] = setting.parse(raw)
             except (TypeError, ValueError) as exc:
-                raise ConfigError('%s=%r is invalid: %s (%s)'
-                                  % (setting.env, raw, exc, setting.help)) from None
+                shown = setting.env if setting.secret else '%s=%r' % (setting.env, raw)
+                raise ConfigError('%s is invalid: %s (%s)' % (shown, exc, setting.help)) from None
         return cls(values)
-
-    def replace(self, **raw_overrides):
-        """A copy with some settings changed, given as raw strings by env name."""
-        environ = {s.env: _unparse(getattr(self, s.attr)) for s in SETTINGS}
-        environ.update(raw_overrides)
-        return Config.from_env(environ)
 
     @property
     def uses_redis(self):
         return self.redis_url is not None
 
 
-def _unparse(value):
-    if value is None:
-        return ''
-    if isinstance(value, tuple):
-        return ','.join(value)
-    return str(value)
-
-
 def describe():
     """Help text for every setting, for ``aijob.py config``."""
     return '\n'.join('%-32s default %-22r %s' % (s.env, s.default, s.help) for s in SETTINGS)
 
-
-def setting(env):
-    return _BY_ENV[env]

@@ -51,3 +51,14 @@ def test_initdb_is_safe_to_run_twice(backend, tmp_path):
         result = run_cli('initdb', **env)
         assert result.returncode == 0, result.stderr
         assert 'schema ready' in result.stdout
+
+
+@pytest.mark.parametrize('env,secret', [
+    ({'AIJOB_DATABASE_URL': 'postgres://app:hunter2@db/x'}, 'hunter2'),
+    ({'AIJOB_REDIS_URL': 'http://:hunter2@cache'}, 'hunter2'),
+    ({'AIJOB_CREDENTIAL_MASTER_KEY': 'hunter2-not-base64!'}, 'hunter2'),
+])
+def test_an_invalid_secret_is_named_but_never_echoed(env, secret):
+    with pytest.raises(ConfigError) as raised:
+        Config.from_env(env)
+    assert list(env)[0] in str(raised.value) and secret not in str(raised.value)
