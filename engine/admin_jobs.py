@@ -8,8 +8,6 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from peewee import Value
-
 from .errors import InvalidRequestError
 from .lifecycle import LEGACY_STATUS_TO_LIFECYCLE, Status
 from .registry import QUEUE_NAMES
@@ -74,9 +72,9 @@ def _conditions(query):
     if query.user_id:
         yield AiJob.user_id == query.user_id
     if query.created_from:
-        yield AiJob.created_at >= _stored_time(query.created_from)
+        yield AiJob.created_at >= query.created_from
     if query.created_to:
-        yield AiJob.created_at < _stored_time(query.created_to)
+        yield AiJob.created_at < query.created_to
     if query.after_id:
         yield AiJob.id < query.after_id
 
@@ -110,13 +108,6 @@ def parse_time(raw, name):
     if value.tzinfo is not None:
         value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
     return value
-
-
-def _stored_time(value):
-    """A bound in the form SQLite stores times (millisecond text), so that its text comparison
-    orders correctly; MySQL parses the same text into a DATETIME. (Not converted by the field,
-    which would turn it back into a datetime and bind it with microseconds.)"""
-    return Value(value.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3], converter=False)
 
 
 def _limit(raw):

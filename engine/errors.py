@@ -276,6 +276,12 @@ class InternalJobError(JobFailure):
     public_message = 'An internal error occurred.'
 
 
+class MisconfiguredJobError(InternalJobError):
+    """This process lacks what the job needs (its job type, provider or projector): no retry
+    of the same call can succeed."""
+    retryable = False
+
+
 _FAILURE_PREFIXES = (
     ('PROVIDER_BAD_REQUEST', ProviderRequestError),
     ('PROVIDER_', ProviderError),

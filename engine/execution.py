@@ -16,7 +16,8 @@ import jsonschema
 from .canonical import canonical_hash
 from .errors import (AiJobError, IllegalTransitionError, InternalJobError, JobCancelRequestedError,
                      JobCancelledError, JobFailure, JobLockConflictError, JobNotFoundError,
-                     JobTimeoutError, OutputValidationError, UnknownJobTypeError)
+                     JobTimeoutError, MisconfiguredJobError, OutputValidationError,
+                     UnknownJobTypeError)
 from .lifecycle import Fence
 from .logs import log_event
 from .providers import CallContext, ProviderRequest, Usage
@@ -100,10 +101,9 @@ class ExecutionEngine:
     def _run(self, a):
         try:
             if a.definition is None:
-                failure = InternalJobError('jobType %s is not registered here' % a.job.job_type,
-                                           code='INTERNAL_UNKNOWN_JOB_TYPE')
-                failure.retryable = False
-                return self._fail(a, failure)
+                return self._fail(a, MisconfiguredJobError(
+                    'jobType %s is not registered here' % a.job.job_type,
+                    code='INTERNAL_UNKNOWN_JOB_TYPE'))
             return self._run_attempts(a, self._resolve(a))
         except JobCancelledError:
             if a.abandoned:
@@ -125,6 +125,8 @@ class ExecutionEngine:
 
     # ------------------------------------------------------------ EXECUTE, with retries
     def _run_attempts(self, a, resolved):
+        if a.definition.security.content_safety_check:
+            self.ai.safety.check(resolved.input, 'input')     # once: the input cannot change
         retries_used = a.job.retry_count
         internal_retries = 0
         fresh_lock = True               # the lock's own row just said: no cancel requested
@@ -158,15 +160,12 @@ class ExecutionEngine:
         return failure.retryable
 
     def _call(self, a, resolved, call_no):
-        """One provider call: safety on input, generate within the deadline, validate, safety
-        on output. Every call leaves a usage row; a failed one here, a successful one in
+        """One provider call: generate within the deadline, validate, safety on output. Every call leaves a usage row; a failed one here, a successful one in
         PROJECT's transaction."""
         definition = a.definition
         ctx = CallContext(deadline=time.monotonic() + definition.execution.timeout_ms / 1000.0,
                           cancel_event=a.cancel_event,
                           on_progress=lambda pct: self.lifecycle.set_progress(a.job.id, a.fence, pct))
-        if definition.security.content_safety_check:
-            self.ai.safety.check(resolved.input, 'input')
         request = ProviderRequest(job_id=a.job.id, job_type=a.job.job_type, attempt=call_no,
                                   input=resolved.input, definition=definition,
                                   credential=resolved.credential, model=resolved.model,

@@ -4,6 +4,7 @@ as one JSON artifact."""
 from dataclasses import dataclass, field
 
 from .canonical import canonical_hash
+from .errors import MisconfiguredJobError
 from .store import AiArtifact, AiJobArtifact, db_now, new_id
 
 
@@ -74,4 +75,5 @@ class ProjectorRegistry:
         try:
             return self._projectors[key]
         except KeyError:
-            raise LookupError('no projector %r registered' % key) from None
+            raise MisconfiguredJobError('no projector %r registered' % key,
+                                        code='INTERNAL_PROJECTOR_MISSING') from None

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Optional
 
-from .errors import CredentialError, JobCancelledError, JobTimeoutError, failure_for_code
+from .errors import (CredentialError, JobCancelledError, JobTimeoutError, MisconfiguredJobError,
+                     failure_for_code)
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ class AiGateway:
         provider = self.provider_for(definition)
         if provider is None:
             key = definition.provider or self.default_provider
-            raise failure_for_code('INTERNAL_PROVIDER_MISSING', 'no provider %r configured' % key)
+            raise MisconfiguredJobError('no provider %r configured' % key,
+                                        code='INTERNAL_PROVIDER_MISSING')
         return provider, getattr(provider, 'model', None) or provider.key
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import redis
 
 from .errors import QueueUnavailableError
+from .registry import QUEUE_NAMES
 
-QUEUE_NAMES = ('ai-interactive', 'ai-background')
 BANDS = 3
 
 
@@ -149,10 +149,12 @@ redis.call('LTRIM', KEYS[3], 0, 63)
 return 1
 """
 
-# KEYS: bands (most urgent first)..., processing. LMOVE inside a script is as atomic as BLMOVE.
+# KEYS: bands (most urgent first)..., processing, consumers. ARGV: consumer id. Registers the
+# consumer (for orphan recovery) in the same round trip; LMOVE in a script is as atomic as BLMOVE.
 _POP = """
-for i = 1, #KEYS - 1 do
-  local raw = redis.call('LMOVE', KEYS[i], KEYS[#KEYS], 'LEFT', 'RIGHT')
+redis.call('SADD', KEYS[#KEYS], ARGV[1])
+for i = 1, #KEYS - 2 do
+  local raw = redis.call('LMOVE', KEYS[i], KEYS[#KEYS - 1], 'LEFT', 'RIGHT')
   if raw then return raw end
 end
 return false
@@ -234,11 +236,11 @@ class RedisQueue(Queue):
 
     @_translate
     def pop(self, queue_name, consumer_id, timeout_s):
-        processing = self._processing(queue_name, consumer_id)
-        self.redis.sadd(self._key(queue_name, 'consumers'), consumer_id)
+        keys = self._bands(queue_name) + [self._processing(queue_name, consumer_id),
+                                          self._key(queue_name, 'consumers')]
         deadline = time.monotonic() + timeout_s
         while True:
-            raw = self._pop(keys=self._bands(queue_name) + [processing])
+            raw = self._pop(keys=keys, args=[consumer_id])
             if raw:
                 return Delivery(Message.decode(raw), raw, consumer_id)
             remaining = deadline - time.monotonic()

@@ -113,9 +113,6 @@ class JobDefinitionRegistry:
     def get_all(self):
         return list(self._definitions.values())
 
-    def __contains__(self, job_type):
-        return job_type in self._definitions
-
     def load_module(self, module_name):
         """Register an application's definitions: the module's ``register(registry)`` is called,
         or else each JobDefinition in its ``DEFINITIONS`` is registered."""

@@ -67,12 +67,17 @@ class Runtime:
             self.service.dispatch_now = self._dispatch_now
         self.worker = None
 
-    def start_background(self, with_maintenance=True):
-        """Run the dispatcher, worker pools, supervisor, reaper and reconciler in this process."""
+    def attach_worker(self, with_maintenance=True):
+        """This process's Worker (dispatcher, pools, supervisor, reaper, reconciler), not yet
+        started; from now on this process also pushes the jobs it creates at once."""
         from .workers import Worker
         self.worker = Worker(self, with_maintenance=with_maintenance)
         self.service.dispatch_now = self._dispatch_now
-        self.worker.start()
+        return self.worker
+
+    def start_background(self, with_maintenance=True):
+        """Run the dispatcher, worker pools, supervisor, reaper and reconciler in this process."""
+        self.attach_worker(with_maintenance).start()
         return self.worker
 
     def stop_background(self, timeout_s=None):

@@ -302,7 +302,6 @@ class Store:
     """The bound database plus the few dialect differences the engine needs."""
 
     def __init__(self, url, pool_size=32):
-        self.url = url
         # Models are bound to one proxy, so stores of one process on the same URL share one
         # database object (and its pool); a store for another URL re-points the proxy.
         if database.obj is not None and getattr(database.obj, 'aijob_url', None) == url:
@@ -371,10 +370,6 @@ class Store:
             else:
                 self.db.create_tables(MODELS, safe=True)
 
-    def drop_schema(self):
-        with self.connection():
-            self.db.drop_tables(MODELS, safe=True)
-
     def ping(self):
         """Raise StoreUnavailableError unless a trivial query answers."""
         try:
@@ -392,12 +387,10 @@ class Store:
 
 def db_now(ms=0):
     """SQL for the bound database's clock, UTC, plus ``ms`` milliseconds (negative: minus)."""
-    if not isinstance(database.obj, peewee.SqliteDatabase):
-        if not ms:
-            return peewee.SQL('UTC_TIMESTAMP(6)')
-        return peewee.SQL('(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)', (int(ms) * 1000,))
     if not ms:
-        return peewee.SQL(_SQLITE_NOW)
+        return peewee.SQL(_now_sql(database.obj))
+    if not isinstance(database.obj, peewee.SqliteDatabase):
+        return peewee.SQL('(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)', (int(ms) * 1000,))
     return peewee.SQL("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", ('%+.3f seconds' % (ms / 1000.0),))
 
 

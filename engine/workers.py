@@ -199,7 +199,8 @@ class Worker:
                 attempt.abandon()
 
     def run_until_signalled(self):
-        """``python aijob.py worker``: run until SIGTERM/SIGINT; a second one exits at once."""
+        """``python aijob.py worker``: start, and return at the first SIGTERM/SIGINT for the
+        caller to stop; a second signal exits at once."""
         signals = []
 
         def on_signal(signum, frame):
@@ -213,7 +214,6 @@ class Worker:
         while not signals:
             time.sleep(0.2)
         log.info('signal %d: stopping (grace %d ms)', signals[0], self.runtime.config.shutdown_grace_ms)
-        self.stop(self.runtime.config.shutdown_grace_ms / 1000.0)
 
 
 class _NoConnection:
@@ -239,12 +239,8 @@ def run_worker_process(config):
     configure_logging()
     runtime = Runtime(config, role='worker')
     runtime.queue.ping()
-    with runtime.store.connection():
-        runtime.store.ping()
-    worker = Worker(runtime)
-    runtime.worker = worker
-    runtime.service.dispatch_now = runtime._dispatch_now
-    worker.run_until_signalled()
-    runtime.worker = None
+    runtime.store.ping()
+    runtime.attach_worker().run_until_signalled()
+    runtime.stop_background()        # the ordered stop, within AIJOB_SHUTDOWN_GRACE_MS
     runtime.close()
     return 0

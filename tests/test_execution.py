@@ -168,3 +168,13 @@ def test_a_duplicate_projection_is_idempotent(engine_rt):
         second = projector.project(tx, job, {'v': 1})
     assert first.artifacts == second.artifacts
     assert AiJobArtifact.select().where(AiJobArtifact.job_id == job.id).count() == 1
+
+
+def test_a_projector_missing_in_this_process_fails_the_job_at_once(engine_rt):
+    definition = dataclasses.replace(engine_rt.registry.get('synthetic'), projector='not_here')
+    engine_rt.registry._definitions['synthetic'] = definition
+    engine_rt.start_background()
+    job = run_job(engine_rt)
+    assert (job.lifecycle_status, job.error_code, job.retry_count) == \
+        ('failed', 'INTERNAL_PROJECTOR_MISSING', 0)
+    assert usage_rows(job.id) == []                  # nothing was called
