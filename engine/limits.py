@@ -8,7 +8,7 @@ import datetime
 
 from .errors import QuotaExceededError, TooManyJobsError
 from .lifecycle import QUEUED, RUNNING
-from .store import AiJob
+from .store import AiJob, db_today
 
 
 class Admission:
@@ -43,10 +43,10 @@ class Admission:
     def _check_daily_quota(self, user_id):
         if not self.daily_quota:
             return
-        now = self.store.clock()                   # the database clock, UTC (DESIGN decision 2)
-        day_start = now.replace(hour=0, minute=0, second=0, microsecond=0)
-        created_today = AiJob.select().where(
-            (AiJob.user_id == user_id) & (AiJob.created_at >= day_start)).count()
+        created_today = AiJob.select().where(       # the database's UTC day (DESIGN decision 2)
+            (AiJob.user_id == user_id) & (AiJob.created_at >= db_today())).count()
         if created_today >= self.daily_quota:
-            next_day = day_start + datetime.timedelta(days=1)
+            now = self.store.clock()
+            next_day = now.replace(hour=0, minute=0, second=0, microsecond=0) \
+                + datetime.timedelta(days=1)
             raise QuotaExceededError(retry_after_s=max(1, int((next_day - now).total_seconds())))

@@ -394,6 +394,13 @@ def db_now(ms=0):
     return peewee.SQL("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", ('%+.3f seconds' % (ms / 1000.0),))
 
 
+def db_today():
+    """SQL for the start of the database clock's current UTC day."""
+    if isinstance(database.obj, peewee.SqliteDatabase):
+        return peewee.SQL("date('now')")      # 'YYYY-MM-DD' sorts before any time that day
+    return peewee.SQL('UTC_DATE()')
+
+
 _SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
 
 
