@@ -50,6 +50,8 @@ class CredentialInfo:
 
 
 class CredentialStore:
+    """Runs on the caller's connection (an API request, a worker's unit of work)."""
+
     def __init__(self, store, master_key):
         self.store = store
         self._aead = AESGCM(master_key) if master_key is not None else None
@@ -66,19 +68,17 @@ class CredentialStore:
         nonce = os.urandom(NONCE_BYTES)
         sealed = aead.encrypt(nonce, api_key.encode('utf-8'),
                               _associated_data(credential_id, user_id, provider))
-        with self.store.connection():
-            UserModelCredential.insert(
-                id=credential_id, user_id=user_id, provider=provider,
-                encrypted_key=base64.b64encode(nonce + sealed).decode('ascii'),
-                masked_key=mask_key(api_key), created_at=self.store.now()).execute()
-            return self.get_for_user(user_id, credential_id)
+        UserModelCredential.insert(
+            id=credential_id, user_id=user_id, provider=provider,
+            encrypted_key=base64.b64encode(nonce + sealed).decode('ascii'),
+            masked_key=mask_key(api_key), created_at=self.store.now()).execute()
+        return self.get_for_user(user_id, credential_id)
 
     def list(self, user_id):
-        with self.store.connection():
-            rows = (UserModelCredential.select()
-                    .where(UserModelCredential.user_id == user_id)
-                    .order_by(UserModelCredential.created_at, UserModelCredential.id))
-            return [_info(row) for row in rows]
+        rows = (UserModelCredential.select()
+                .where(UserModelCredential.user_id == user_id)
+                .order_by(UserModelCredential.created_at, UserModelCredential.id))
+        return [_info(row) for row in rows]
 
     def get_for_user(self, user_id, credential_id):
         """The credential if it exists and belongs to ``user_id``, else None."""
@@ -87,10 +87,9 @@ class CredentialStore:
 
     def delete(self, user_id, credential_id):
         """True if ``user_id``'s credential was deleted; False if missing or another user's."""
-        with self.store.connection():
-            deleted = (UserModelCredential.delete()
-                       .where((UserModelCredential.id == credential_id)
-                              & (UserModelCredential.user_id == user_id)).execute())
+        deleted = (UserModelCredential.delete()
+                   .where((UserModelCredential.id == credential_id)
+                          & (UserModelCredential.user_id == user_id)).execute())
         return deleted > 0
 
     def decrypt(self, user_id, credential_id):
@@ -114,9 +113,8 @@ class CredentialStore:
     def _row(self, user_id, credential_id):
         if not isinstance(credential_id, str) or not credential_id:
             return None
-        with self.store.connection():
-            return UserModelCredential.get_or_none(
-                (UserModelCredential.id == credential_id) & (UserModelCredential.user_id == user_id))
+        return UserModelCredential.get_or_none(
+            (UserModelCredential.id == credential_id) & (UserModelCredential.user_id == user_id))
 
     def _require_aead(self):
         if self._aead is None:
