@@ -1,18 +1,19 @@
 """aijob: the one entry point — the CLI (``python aijob.py COMMAND``) and ``app`` for gunicorn
 (``gunicorn aijob:app``). ``app`` is built on first access, so importing this module opens no
 database."""
+
 import argparse
 import sys
 
-from engine.config import Config, describe
-from engine.errors import AiJobError
+from engine.core.config import Config, describe
+from engine.core.errors import AiJobError
+from engine.core.store import OperationalError
 from engine.runtime import Runtime
-from engine.store import OperationalError
 
 
 def cmd_initdb(config, args):
     runtime = Runtime(config)
-    runtime.store.create_schema()
+    runtime.create_schema()
     print('schema ready on %s' % runtime.store.dialect)
 
 
@@ -21,23 +22,27 @@ def cmd_config(config, args):
 
 
 def cmd_worker(config, args):
-    from engine.workers import run_worker_process
+    from engine.runtime import run_worker_process
+
     return run_worker_process(config)
 
 
 def cmd_bench(config, args):
     from engine.bench import run_bench
+
     return run_bench(config, jobs=args.jobs, rate=args.rate)
 
 
 def bench_args(parser):
     parser.add_argument('--jobs', type=int, default=1000, help='synthetic no-op jobs to run')
-    parser.add_argument('--rate', type=float, default=0,
-                        help='create at this many jobs/s (default 0: all at once)')
+    parser.add_argument(
+        '--rate', type=float, default=0, help='create at this many jobs/s (default 0: all at once)'
+    )
 
 
 def cmd_token(config, args):
-    from engine.auth import TokenStore
+    from engine.http.auth import TokenStore
+
     runtime = Runtime(config)
     try:
         with runtime.store.connection():
@@ -48,8 +53,10 @@ def cmd_token(config, args):
                 except ValueError as exc:
                     print('aijob: error: --user: %s' % exc, file=sys.stderr)
                     return 2
-                print('token for user %s (role %s); it is shown only once:'
-                      % (args.user, 'SUPER_ADMIN' if args.admin else 'user'))
+                print(
+                    'token for user %s (role %s); it is shown only once:'
+                    % (args.user, 'SUPER_ADMIN' if args.admin else 'user')
+                )
                 print(token)
                 return 0
             return revoke_tokens(tokens, args)
@@ -77,12 +84,14 @@ def token_args(parser):
 
 
 def cmd_web(config, args):
-    from engine.server import run_web
+    from engine.http.server import run_web
+
     run_web(config, args.host, args.port or config.port, args.workers or config.web_workers)
 
 
 def cmd_serve(config, args):
-    from engine.server import run_serve
+    from engine.http.server import run_serve
+
     run_serve(config, args.host, args.port or config.port)
 
 
@@ -100,14 +109,27 @@ COMMANDS = {
     # name: (function, help, add_arguments or None)
     'initdb': (cmd_initdb, 'create the schema if missing (safe to run twice)', None),
     'config': (cmd_config, 'list every setting with its default and meaning', None),
-    'worker': (cmd_worker, 'run dispatcher, worker pools, reaper and reconciler (needs Redis)', None),
+    'worker': (
+        cmd_worker,
+        'run dispatcher, worker pools, reaper and reconciler (needs Redis)',
+        None,
+    ),
     'token': (cmd_token, 'create or revoke API bearer tokens', token_args),
-    'web': (cmd_web, 'serve the HTTP API with gunicorn (several workers, no background loops)',
-            web_args),
-    'serve': (cmd_serve, 'everything in one process for development: API, dispatcher, workers',
-              serve_args),
-    'bench': (cmd_bench, 'create N synthetic jobs, run them with one worker process, print figures',
-              bench_args),
+    'web': (
+        cmd_web,
+        'serve the HTTP API with gunicorn (several workers, no background loops)',
+        web_args,
+    ),
+    'serve': (
+        cmd_serve,
+        'everything in one process for development: API, dispatcher, workers',
+        serve_args,
+    ),
+    'bench': (
+        cmd_bench,
+        'create N synthetic jobs, run them with one worker process, print figures',
+        bench_args,
+    ),
 }
 
 
@@ -143,8 +165,9 @@ def __getattr__(name):
     if name != 'app':
         raise AttributeError(name)
     if _app is None:
-        from engine.api import create_app
-        from engine.logs import configure as configure_logging
+        from engine.core.logs import configure as configure_logging
+        from engine.http.app import create_app
+
         configure_logging()
         _app = create_app(Runtime(Config.from_env(), role='web'))
     return _app

@@ -1,1 +1,1 @@
-"""aijob engine: durable, observable AI jobs (ADR-003) on peewee, Redis lists and bottle."""
+"""aijob engine: durable, observable AI jobs on peewee, Redis lists and bottle (see docs/)."""

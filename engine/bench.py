@@ -5,6 +5,7 @@ worker process with the default pools, timed from the first create to the last t
 Latencies come from the database's own timestamps (created_at → started_at, one clock). Commits
 are counted by each process's store (explicit COMMITs plus autocommit writes) and summed.
 """
+
 import json
 import os
 import statistics
@@ -14,19 +15,19 @@ import tempfile
 import threading
 import time
 
-from .lifecycle import TERMINAL
+from .core.lifecycle import TERMINAL
+from .core.models import AiJob
+from .core.service import CreateJobInput
 from .runtime import Runtime
-from .service import CreateJobInput
-from .store import AiJob
 
-CREATORS = 4        # client threads creating jobs, as several web requests would
+CREATORS = 4  # client threads creating jobs, as several web requests would
 
 
 def run_bench(config, jobs, rate=0):
     """``rate`` > 0 paces creation at that many jobs per second (latency below saturation);
     0 creates them all at once (throughput, where create→running is mostly queueing)."""
     runtime = Runtime(config, role='bench')
-    runtime.store.create_schema()
+    runtime.create_schema()
     worker = _start_worker(runtime)
     try:
         commits_before = runtime.store.commit_count()
@@ -38,9 +39,11 @@ def run_bench(config, jobs, rate=0):
     figures = _figures(runtime, ids, creator_commits + worker_commits, rate)
     for name, value in figures.items():
         print('%s: %s' % (name, value))
-    print('e2e_jobs_per_s=%(e2e_jobs_per_s).1f create_to_running_p50_ms=%(p50).2f '
-          'create_to_running_p99_ms=%(p99).2f commits_per_job=%(commits_per_job).2f '
-          'succeeded=%(succeeded)d/%(jobs)d' % figures)
+    print(
+        'e2e_jobs_per_s=%(e2e_jobs_per_s).1f create_to_running_p50_ms=%(p50).2f '
+        'create_to_running_p99_ms=%(p99).2f commits_per_job=%(commits_per_job).2f '
+        'succeeded=%(succeeded)d/%(jobs)d' % figures
+    )
     runtime.close()
     return 0 if figures['succeeded'] == jobs else 1
 
@@ -54,8 +57,13 @@ def _create(runtime, jobs, rate):
             for i in range(offset, jobs, CREATORS):
                 if rate:
                     time.sleep(max(0.0, started + i / rate - time.monotonic()))
-                request = CreateJobInput(user_id='bench-%d' % i, job_type='synthetic',
-                                         target_type='bench', target_id=str(i), input={})
+                request = CreateJobInput(
+                    user_id='bench-%d' % i,
+                    job_type='synthetic',
+                    target_type='bench',
+                    target_id=str(i),
+                    input={},
+                )
                 ids[i] = runtime.service.create_job(request).job.id
 
     threads = [threading.Thread(target=creator, args=(n,)) for n in range(CREATORS)]
@@ -70,8 +78,11 @@ def _wait_terminal(runtime, ids, timeout_s):
     deadline = time.monotonic() + timeout_s
     with runtime.store.connection():
         while time.monotonic() < deadline:
-            done = AiJob.select().where(AiJob.id.in_(ids)
-                                        & AiJob.lifecycle_status.in_(list(TERMINAL))).count()
+            done = (
+                AiJob.select()
+                .where(AiJob.id.in_(ids) & AiJob.lifecycle_status.in_(list(TERMINAL)))
+                .count()
+            )
             if done == len(ids):
                 return
             time.sleep(0.05)
@@ -80,13 +91,21 @@ def _wait_terminal(runtime, ids, timeout_s):
 
 def _figures(runtime, ids, commits, rate):
     with runtime.store.connection():
-        rows = list(AiJob.select(AiJob.lifecycle_status, AiJob.created_at, AiJob.started_at,
-                                 AiJob.finished_at).where(AiJob.id.in_(ids)))
-    waits = sorted((r.started_at - r.created_at).total_seconds() * 1000 for r in rows if r.started_at)
+        rows = list(
+            AiJob.select(
+                AiJob.lifecycle_status, AiJob.created_at, AiJob.started_at, AiJob.finished_at
+            ).where(AiJob.id.in_(ids))
+        )
+    waits = sorted(
+        (r.started_at - r.created_at).total_seconds() * 1000 for r in rows if r.started_at
+    )
     wall_s = (max(r.finished_at for r in rows) - min(r.created_at for r in rows)).total_seconds()
     return {
-        'backends': '%s + %s' % (runtime.store.dialect, 'redis' if runtime.config.uses_redis else 'memory'),
-        'creation': 'paced at %s jobs/s' % rate if rate else 'all at once (%d client threads)' % CREATORS,
+        'backends': '%s + %s'
+        % (runtime.store.dialect, 'redis' if runtime.config.uses_redis else 'memory'),
+        'creation': 'paced at %s jobs/s' % rate
+        if rate
+        else 'all at once (%d client threads)' % CREATORS,
         'jobs': len(ids),
         'wall_s': round(wall_s, 3),
         'e2e_jobs_per_s': len(ids) / wall_s if wall_s else float('inf'),
@@ -113,17 +132,22 @@ class _InProcessWorker:
 
     def stop(self):
         self.runtime.stop_background(timeout_s=10)
-        return 0                      # this process's counter already includes the worker
+        return 0  # this process's counter already includes the worker
 
 
 class _WorkerProcess:
     """``python aijob.py worker`` as a child; its commit count comes from its stop log line."""
 
     def __init__(self, runtime):
-        self.log = tempfile.NamedTemporaryFile(prefix='aijob-bench-worker-', suffix='.log', delete=False)
-        entry = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'aijob.py')
-        self.process = subprocess.Popen([sys.executable, entry, 'worker'], stdout=self.log,
-                                        stderr=self.log)
+        self.log = tempfile.NamedTemporaryFile(
+            prefix='aijob-bench-worker-', suffix='.log', delete=False
+        )
+        entry = os.path.join(
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'aijob.py'
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, entry, 'worker'], stdout=self.log, stderr=self.log
+        )
         print('worker: process %d' % self.process.pid)
         self._wait_ready(runtime)
 
@@ -132,7 +156,7 @@ class _WorkerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise SystemExit('bench: the worker exited at start; see %s' % self.log.name)
-            if b'worker started' in open(self.log.name, 'rb').read():
+            if b'worker.started' in open(self.log.name, 'rb').read():
                 return
             time.sleep(0.05)
         raise SystemExit('bench: the worker did not start; see %s' % self.log.name)

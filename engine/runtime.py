@@ -1,33 +1,29 @@
 """Wiring: one place that builds the engine's parts from a Config, for the CLI, the WSGI app and
-the tests alike."""
+the tests alike. It sits above core, execution, dispatch and the job types, and below http."""
+
+import logging
 import os
 import socket
 
-import logging
+from .core.errors import ConfigError, QueueUnavailableError
+from .core.lifecycle import AiJobLifecycleRepository
+from .core.logs import configure as configure_logging
+from .core.outbox import OutboxRepository
+from .core.registry import JobDefinitionRegistry
+from .core.service import Admission, AiJobService
+from .core.store import Store
+from .dispatch.dispatcher import OutboxDispatcher
+from .dispatch.housekeeping import Reaper, Reconciler
+from .dispatch.memory_queue import MemoryQueue
+from .dispatch.redis_queue import RedisQueue
+from .dispatch.workers import Worker
+from .execution.plugins import PluginApp, load_plugin
+from .execution.services import build_ai_services
 
-from .ai_services import build_ai_services
-from .dispatcher import OutboxDispatcher
-from .errors import QueueUnavailableError
-from .flashcards import FLASHCARD_JOB_DEFINITION
-from .lifecycle import AiJobLifecycleRepository
-from .limits import Admission
-from .maintenance import Reaper, Reconciler
-from .outbox import OutboxRepository
-from .queues import open_queue
-from .registry import JobDefinitionRegistry
-from .service import AiJobService
-from .store import Store
-from .synthetic import SYNTHETIC_JOB_DEFINITION
+# The job types every process has; they register through the same entry point as users' own.
+BUILTIN_JOB_TYPES = ('engine.jobtypes.synthetic', 'engine.jobtypes.flashcards')
 
-
-def build_registry(config):
-    """The default definitions (synthetic, flashcard_generation), then the application's modules."""
-    registry = JobDefinitionRegistry()
-    registry.register(SYNTHETIC_JOB_DEFINITION)
-    registry.register(FLASHCARD_JOB_DEFINITION)
-    for module_name in config.definitions:
-        registry.load_module(module_name)
-    return registry
+log = logging.getLogger('aijob.runtime')
 
 
 def instance_id(role):
@@ -35,42 +31,69 @@ def instance_id(role):
     return '%s:%s:%d:%s' % (role, socket.gethostname()[:24], os.getpid(), os.urandom(3).hex())
 
 
-log = logging.getLogger('aijob.runtime')
+def open_queue(config):
+    """RedisQueue when AIJOB_REDIS_URL is set, else the in-process MemoryQueue."""
+    if config.redis_url:
+        return RedisQueue(config.redis_url, prefix=config.redis_prefix)
+    return MemoryQueue()
+
+
+def load_job_types(config, registry, ai):
+    """The built-in job types, then the modules named in AIJOB_DEFINITIONS; returns the
+    PluginApp they registered into (its ``models`` are the plugins' own tables)."""
+    app = PluginApp(config, registry, ai)
+    for name in BUILTIN_JOB_TYPES + tuple(config.definitions):
+        load_plugin(app, name)
+    return app
 
 
 class Runtime:
     """The parts of one process: store, registry, repositories, service, queue and the loops
-    that move jobs (started by ``start_background`` in worker and serve processes)."""
+    that move jobs (started by ``start_background`` in worker and serve processes).
+
+    ``registry``, when given, replaces the plugins' job definitions (tests use variants with
+    short backoffs); the plugins' providers, projectors and prompts are loaded all the same."""
 
     def __init__(self, config, role='cli', registry=None):
         self.config = config
         self.instance_id = instance_id(role)
         self.store = Store(config.database_url, pool_size=config.db_pool_size)
-        self.registry = registry or build_registry(config)
+        self.ai = build_ai_services(config, self.store)
+        self.plugins = load_job_types(config, JobDefinitionRegistry(), self.ai)
+        self.registry = registry or self.plugins.registry
         self.lifecycle = AiJobLifecycleRepository(self.store, lock_ttl_ms=config.lock_ttl_ms)
         self.outbox = OutboxRepository(self.store, lock_ttl_ms=config.outbox_lock_ttl_ms)
-        self.service = AiJobService(self.store, self.registry, self.lifecycle, self.outbox,
-                                    instance_id=self.instance_id)
-        self.ai = build_ai_services(config, self.store)
-        # Per-user limits and platform availability, checked before a job is written (ADR §7.3).
+        self.service = AiJobService(
+            self.store, self.registry, self.lifecycle, self.outbox, instance_id=self.instance_id
+        )
+        # Per-user limits and platform availability, checked before a job is written (§7.3).
         self.service.admission = Admission.from_config(config, self.store, self.ai)
         self.queue = open_queue(config)
         self.dispatcher = OutboxDispatcher(
-            self.outbox, self.queue, self.instance_id, poll_ms=config.outbox_poll_ms,
-            release_ms=config.outbox_release_ms, lock_ttl_ms=config.outbox_lock_ttl_ms)
+            self.outbox,
+            self.queue,
+            self.instance_id,
+            poll_ms=config.outbox_poll_ms,
+            release_ms=config.outbox_release_ms,
+            lock_ttl_ms=config.outbox_lock_ttl_ms,
+        )
         self.reaper = Reaper(self.lifecycle, self.queue, reap_after_ms=config.reap_after_ms)
         self.reconciler = Reconciler(self.lifecycle, self.queue, after_ms=config.reconcile_after_ms)
         self.service.cancel_signal = self._signal_cancel
         if config.uses_redis:
             # Any process that can reach the shared queue pushes its own new jobs at once
-            # (DESIGN decision 6); with the in-memory queue only a process running workers can.
+            # (architecture decision 6); with the in-memory queue only a process running
+            # workers can.
             self.service.dispatch_now = self._dispatch_now
         self.worker = None
+
+    def create_schema(self):
+        """Every table: the engine's, then the job-type plugins' own."""
+        self.store.create_schema(extra_models=self.plugins.models)
 
     def attach_worker(self, with_maintenance=True):
         """This process's Worker (dispatcher, pools, supervisor, reaper, reconciler), not yet
         started; from now on this process also pushes the jobs it creates at once."""
-        from .workers import Worker
         self.worker = Worker(self, with_maintenance=with_maintenance)
         self.service.dispatch_now = self._dispatch_now
         return self.worker
@@ -92,15 +115,36 @@ class Runtime:
         try:
             self.dispatcher.publish_claimed(event)
         except Exception:
-            log.exception('immediate dispatch of outbox event %s failed; polling will retry', event.id)
+            log.exception(
+                'immediate dispatch of outbox event %s failed; polling will retry', event.id
+            )
 
     def _signal_cancel(self, job_id):
         try:
             self.queue.signal_cancel(job_id)
         except QueueUnavailableError:
-            log.warning('cancel signal for job %s not sent (queue down); the database flag stands', job_id)
+            log.warning(
+                'cancel signal for job %s not sent (queue down); the database flag stands', job_id
+            )
 
     def close(self):
         self.stop_background(timeout_s=5)
         self.queue.close()
         self.store.close()
+
+
+def run_worker_process(config):
+    """``python aijob.py worker``: needs Redis, since an in-memory queue cannot cross processes."""
+    if not config.uses_redis:
+        raise ConfigError(
+            'the worker needs AIJOB_REDIS_URL: the in-memory queue cannot cross '
+            'processes (use `python aijob.py serve` to run everything in one)'
+        )
+    configure_logging()
+    runtime = Runtime(config, role='worker')
+    runtime.queue.ping()
+    runtime.store.ping()
+    runtime.attach_worker().run_until_signalled()
+    runtime.stop_background()  # the ordered stop, within AIJOB_SHUTDOWN_GRACE_MS
+    runtime.close()
+    return 0

@@ -1,13 +1,14 @@
 """Fixtures and helpers for the API tests: the app over the test runtime, tokens for two users and
 an admin, and clients that check every response against /openapi.json."""
+
 import time
 
 import pytest
 
-from engine.api import create_app
-from engine.auth import TokenStore
-from engine.errors import InternalJobError
-from engine.lifecycle import TERMINAL, Fence
+from engine.core.errors import InternalJobError
+from engine.core.lifecycle import TERMINAL, Fence
+from engine.http.app import create_app
+from engine.http.auth import TokenStore
 from tests.engine_support import FAST_SETTINGS, fast_registry  # noqa: F401 (re-exported)
 from tests.wsgi_client import OpenApiCheck, WsgiClient
 
@@ -31,9 +32,14 @@ class Harness:
         self.app = app or create_app(runtime)
         self.check = OpenApiCheck(self.app_document())
         tokens = TokenStore(runtime.store)
-        self.tokens = {'a': tokens.create('user-a'), 'b': tokens.create('user-b'),
-                       'admin': tokens.create('root', admin=True)}
-        self.a, self.b, self.admin = (self.client(self.tokens[name]) for name in ('a', 'b', 'admin'))
+        self.tokens = {
+            'a': tokens.create('user-a'),
+            'b': tokens.create('user-b'),
+            'admin': tokens.create('root', admin=True),
+        }
+        self.a, self.b, self.admin = (
+            self.client(self.tokens[name]) for name in ('a', 'b', 'admin')
+        )
         self.anon = self.client(None)
 
     def app_document(self):
@@ -63,8 +69,9 @@ def run_to_running(runtime, job_id, instance='test-worker'):
 
 def run_to_failed(runtime, job_id, internal='provider said 500 at https://internal.example/v1'):
     fence = run_to_running(runtime, job_id)
-    error = InternalJobError(internal, code='PROVIDER_UNAVAILABLE',
-                             public_message='The AI provider is unavailable.')
+    error = InternalJobError(
+        internal, code='PROVIDER_UNAVAILABLE', public_message='The AI provider is unavailable.'
+    )
     return runtime.lifecycle.mark_failed(job_id, error, fence=fence)
 
 

@@ -1,9 +1,10 @@
-"""One suite, run against every backend pair (DESIGN.md "Tests").
+"""One suite, run against every backend pair (docs/architecture.md, "Tests").
 
 ``sqlite+memory`` always runs. ``mysql+redis`` runs against AIJOB_TEST_MYSQL_URL /
 AIJOB_TEST_REDIS_URL (default: the local servers); a missing server skips those cases locally and
 fails them under CI (``CI=true``). Tests never flush a whole Redis: each run has its own prefix.
 """
+
 import os
 import uuid
 from urllib.parse import urlsplit
@@ -12,9 +13,9 @@ import pymysql
 import pytest
 import redis
 
-from engine.config import Config
+from engine.core.config import Config
+from engine.core.models import MODELS
 from engine.runtime import Runtime
-from engine.store import MODELS
 
 # Fixtures shared by several test modules live beside their helpers.
 pytest_plugins = ('tests.engine_support', 'tests.api_support', 'tests.fake_openai')
@@ -32,12 +33,17 @@ def _mysql_problem():
     """None if the test MySQL answers (creating its database if needed), else why not."""
     parts = urlsplit(MYSQL_URL)
     try:
-        conn = pymysql.connect(host=parts.hostname, port=parts.port or 3306,
-                               user=parts.username or 'root', password=parts.password or '',
-                               connect_timeout=3)
+        conn = pymysql.connect(
+            host=parts.hostname,
+            port=parts.port or 3306,
+            user=parts.username or 'root',
+            password=parts.password or '',
+            connect_timeout=3,
+        )
         with conn.cursor() as cursor:
-            cursor.execute('CREATE DATABASE IF NOT EXISTS `%s` CHARACTER SET utf8mb4'
-                           % parts.path.strip('/'))
+            cursor.execute(
+                'CREATE DATABASE IF NOT EXISTS `%s` CHARACTER SET utf8mb4' % parts.path.strip('/')
+            )
         conn.close()
         return None
     except pymysql.MySQLError as exc:
@@ -68,12 +74,15 @@ def require_servers(*names):
 class Backend:
     def __init__(self, name, database_url, redis_url):
         self.name, self.database_url, self.redis_url = name, database_url, redis_url
-        self.prefix = '%s-%s' % (RUN_PREFIX, uuid.uuid4().hex[:6])    # this test's Redis keys
+        self.prefix = '%s-%s' % (RUN_PREFIX, uuid.uuid4().hex[:6])  # this test's Redis keys
 
     def env(self, **extra):
         """Environment (raw strings) for a Config or a child process on this backend."""
-        env = {'AIJOB_DATABASE_URL': self.database_url, 'AIJOB_REDIS_URL': self.redis_url or '',
-               'AIJOB_REDIS_PREFIX': self.prefix}
+        env = {
+            'AIJOB_DATABASE_URL': self.database_url,
+            'AIJOB_REDIS_URL': self.redis_url or '',
+            'AIJOB_REDIS_PREFIX': self.prefix,
+        }
         env.update(extra)
         return env
 
@@ -119,7 +128,7 @@ def make_runtime(backend):
     def make(registry=None, role='test', **settings):
         runtime = Runtime(backend.config(**settings), role=role, registry=registry)
         if not made:
-            runtime.store.create_schema()
+            runtime.create_schema()
             reset_tables(runtime.store)
         made.append(runtime)
         return runtime

@@ -1,30 +1,47 @@
 """Fixtures and helpers for tests that run jobs: fast intervals and fast synthetic variants."""
+
 import pytest
 
-from engine.lifecycle import TERMINAL
-from engine.registry import JobDefinitionRegistry
-from engine.store import AiJob
-from engine.synthetic import synthetic_definition
+from engine.core.lifecycle import TERMINAL
+from engine.core.models import AiJob
+from engine.core.registry import JobDefinitionRegistry
+from engine.jobtypes.synthetic import synthetic_definition
 from tests.helpers import create_job, wait_until
 
 # Every interval shrunk to a few hundred milliseconds: recovery must still be correct, just faster.
 FAST_SETTINGS = {
-    'AIJOB_LOCK_TTL_MS': '1500', 'AIJOB_HEARTBEAT_MS': '300', 'AIJOB_REAP_AFTER_MS': '600',
-    'AIJOB_REAPER_INTERVAL_MS': '200', 'AIJOB_OUTBOX_POLL_MS': '100',
-    'AIJOB_OUTBOX_LOCK_TTL_MS': '1000', 'AIJOB_OUTBOX_RELEASE_MS': '300',
-    'AIJOB_RECONCILE_AFTER_MS': '500', 'AIJOB_SHUTDOWN_GRACE_MS': '3000',
+    'AIJOB_LOCK_TTL_MS': '1500',
+    'AIJOB_HEARTBEAT_MS': '300',
+    'AIJOB_REAP_AFTER_MS': '600',
+    'AIJOB_REAPER_INTERVAL_MS': '200',
+    'AIJOB_OUTBOX_POLL_MS': '100',
+    'AIJOB_OUTBOX_LOCK_TTL_MS': '1000',
+    'AIJOB_OUTBOX_RELEASE_MS': '300',
+    'AIJOB_RECONCILE_AFTER_MS': '500',
+    'AIJOB_SHUTDOWN_GRACE_MS': '3000',
 }
 
 
 def fast_registry():
     registry = JobDefinitionRegistry()
     registry.register(synthetic_definition(backoff_ms=20))
-    registry.register(synthetic_definition(job_type='synthetic_short', timeout_ms=1000,
-                                           max_retries=1, backoff_ms=20))
-    registry.register(synthetic_definition(job_type='synthetic_short_retry', timeout_ms=1000,
-                                           max_retries=1, backoff_ms=20, abort_strategy='retry'))
-    registry.register(synthetic_definition(job_type='synthetic_bg', queue_name='ai-background',
-                                           backoff_ms=20))
+    registry.register(
+        synthetic_definition(
+            job_type='synthetic_short', timeout_ms=1000, max_retries=1, backoff_ms=20
+        )
+    )
+    registry.register(
+        synthetic_definition(
+            job_type='synthetic_short_retry',
+            timeout_ms=1000,
+            max_retries=1,
+            backoff_ms=20,
+            abort_strategy='retry',
+        )
+    )
+    registry.register(
+        synthetic_definition(job_type='synthetic_bg', queue_name='ai-background', backoff_ms=20)
+    )
     return registry
 
 
@@ -40,6 +57,7 @@ def wait_terminal(rt, job_id, timeout=20.0):
     def terminal():
         job = AiJob.get_by_id(job_id)
         return job if job.lifecycle_status in TERMINAL else None
+
     return wait_until(terminal, timeout=timeout)
 
 

@@ -1,6 +1,7 @@
 """A real HTTP server on 127.0.0.1 that speaks the OpenAI chat-completions protocol (SSE streaming
 included), scripted per test: each request takes the next scripted Reply (the last one repeats).
 It records every request and whether the client closed a streaming connection early."""
+
 import json
 import select
 import socket
@@ -18,6 +19,7 @@ class Reply:
     """One scripted answer. ``status`` != 200 sends ``error_body`` as JSON with ``headers``;
     otherwise ``content`` is streamed in ``chunks`` pieces, ``delay_s`` apart, after
     ``first_delay_s``; ``finish_reason`` None ends the stream without one (a broken upstream)."""
+
     status: int = 200
     content: str = ''
     chunks: int = 1
@@ -25,8 +27,9 @@ class Reply:
     first_delay_s: float = 0.0
     finish_reason: Optional[str] = 'stop'
     refusal: Optional[str] = None
-    usage: Optional[dict] = field(default_factory=lambda: {'prompt_tokens': 11,
-                                                           'completion_tokens': 7})
+    usage: Optional[dict] = field(
+        default_factory=lambda: {'prompt_tokens': 11, 'completion_tokens': 7}
+    )
     headers: dict = field(default_factory=dict)
     error_body: Optional[dict] = None
 
@@ -42,14 +45,15 @@ def error_reply(status, message='error', code=None, **kw):
 
 class FakeOpenAI:
     def __init__(self):
-        self.requests = []                      # decoded JSON bodies, with '_headers'
+        self.requests = []  # decoded JSON bodies, with '_headers'
         self.client_closed = threading.Event()  # a client hung up mid-stream
         self._replies = [json_reply({'ok': True})]
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(('127.0.0.1', 0), _handler_for(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,),
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.02,), daemon=True
+        )
 
     @property
     def base_url(self):
@@ -77,7 +81,7 @@ def _handler_for(fake):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = 'HTTP/1.1'
 
-        def log_message(self, *args):         # keep test output quiet
+        def log_message(self, *args):  # keep test output quiet
             pass
 
         def do_POST(self):
@@ -146,35 +150,65 @@ def _events(body, reply):
     if reply.refusal is not None:
         events.append((0.0, _chunk(model, {'refusal': reply.refusal}, None)))
     if reply.finish_reason is None:
-        return events                   # the upstream broke off: no finish, no [DONE]
+        return events  # the upstream broke off: no finish, no [DONE]
     events.append((0.0, _chunk(model, {}, reply.finish_reason)))
     if reply.usage is not None and (body.get('stream_options') or {}).get('include_usage'):
         usage = dict(reply.usage, total_tokens=sum(reply.usage.values()))
-        events.append((0.0, json.dumps({'id': 'chatcmpl-fake', 'object': 'chat.completion.chunk',
-                                        'created': 0, 'model': model, 'choices': [],
-                                        'usage': usage})))
+        events.append(
+            (
+                0.0,
+                json.dumps(
+                    {
+                        'id': 'chatcmpl-fake',
+                        'object': 'chat.completion.chunk',
+                        'created': 0,
+                        'model': model,
+                        'choices': [],
+                        'usage': usage,
+                    }
+                ),
+            )
+        )
     events.append((0.0, '[DONE]'))
     return events
 
 
 def _chunk(model, delta, finish_reason):
-    return json.dumps({'id': 'chatcmpl-fake', 'object': 'chat.completion.chunk', 'created': 0,
-                       'model': model, 'choices': [{'index': 0, 'delta': delta,
-                                                    'finish_reason': finish_reason}]})
+    return json.dumps(
+        {
+            'id': 'chatcmpl-fake',
+            'object': 'chat.completion.chunk',
+            'created': 0,
+            'model': model,
+            'choices': [{'index': 0, 'delta': delta, 'finish_reason': finish_reason}],
+        }
+    )
 
 
 def _completion(body, reply):
-    return {'id': 'chatcmpl-fake', 'object': 'chat.completion', 'created': 0,
-            'model': body.get('model', 'fake-model'),
-            'choices': [{'index': 0, 'finish_reason': reply.finish_reason,
-                         'message': {'role': 'assistant', 'content': reply.content,
-                                     'refusal': reply.refusal}}],
-            'usage': reply.usage}
+    return {
+        'id': 'chatcmpl-fake',
+        'object': 'chat.completion',
+        'created': 0,
+        'model': body.get('model', 'fake-model'),
+        'choices': [
+            {
+                'index': 0,
+                'finish_reason': reply.finish_reason,
+                'message': {
+                    'role': 'assistant',
+                    'content': reply.content,
+                    'refusal': reply.refusal,
+                },
+            }
+        ],
+        'usage': reply.usage,
+    }
 
 
 def _split(text, count):
     size = max(1, -(-len(text) // count))
-    return [text[i:i + size] for i in range(0, len(text), size)] or ['']
+    return [text[i : i + size] for i in range(0, len(text), size)] or ['']
 
 
 @pytest.fixture

@@ -1,14 +1,21 @@
 """Small helpers shared by the tests."""
+
 import threading
 import time
 
-from engine.service import CreateJobInput
+from engine.core.service import CreateJobInput
 
 
 def new_request(job_type='synthetic', user_id='user-a', key=None, input=None, **kw):
-    return CreateJobInput(user_id=user_id, job_type=job_type, target_type='note',
-                          target_id=kw.pop('target_id', 'note-1'), input=input or {},
-                          idempotency_key=key, **kw)
+    return CreateJobInput(
+        user_id=user_id,
+        job_type=job_type,
+        target_type='note',
+        target_id=kw.pop('target_id', 'note-1'),
+        input=input or {},
+        idempotency_key=key,
+        **kw,
+    )
 
 
 def create_job(runtime, **kw):
@@ -27,10 +34,10 @@ def run_threads(count, target, store):
 
     def worker(i):
         barrier.wait(30)
-        with store.connection():     # may wait for a pooled connection: that is part of the race
+        with store.connection():  # may wait for a pooled connection: that is part of the race
             try:
                 results[i] = target(i)
-            except Exception as exc:         # collected for the test to assert on
+            except Exception as exc:  # collected for the test to assert on
                 errors[i] = exc
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]

@@ -1,29 +1,39 @@
 """Jobs through the whole engine (outbox, queue, worker, provider, projector) against the loopback
 OpenAI-compatible server: success, retries, failure classes, usage rows for every call, user keys,
 cancellation, and no secret or job content in the logs."""
+
 import base64
 import logging
 from decimal import Decimal
 
 import pytest
 
-from engine.errors import InvalidRequestError, PlatformUnavailableError
-from engine.flashcards import flashcard_definition
-from engine.lifecycle import TERMINAL
-from engine.registry import JobDefinitionRegistry
-from engine.store import AiArtifact, AiJob, AiJobArtifact, AiUsageLog
-from engine.synthetic import synthetic_definition
+from engine.core.errors import InvalidRequestError, PlatformUnavailableError
+from engine.core.lifecycle import TERMINAL
+from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiUsageLog
+from engine.core.registry import JobDefinitionRegistry
+from engine.jobtypes.flashcards import flashcard_definition
+from engine.jobtypes.synthetic import synthetic_definition
 from tests.fake_openai import Reply, error_reply, json_reply
 from tests.helpers import create_job, wait_until
 
-CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'},
-                   {'question': 'Capital of Italy?', 'answer': 'Rome'}]}
+CARDS = {
+    'cards': [
+        {'question': 'Capital of France?', 'answer': 'Paris'},
+        {'question': 'Capital of Italy?', 'answer': 'Rome'},
+    ]
+}
 TEXT = 'Paris is the capital of France; Rome is the capital of Italy.'
 PLATFORM_KEY = 'sk-platform-e2e-5b0c9a77f1'
 USER_KEY = 'sk-user-e2e-8d21c4f0aa93'
-FAST = {'AIJOB_LOCK_TTL_MS': '1500', 'AIJOB_HEARTBEAT_MS': '300', 'AIJOB_REAP_AFTER_MS': '3000',
-        'AIJOB_REAPER_INTERVAL_MS': '200', 'AIJOB_OUTBOX_POLL_MS': '100',
-        'AIJOB_SHUTDOWN_GRACE_MS': '3000'}
+FAST = {
+    'AIJOB_LOCK_TTL_MS': '1500',
+    'AIJOB_HEARTBEAT_MS': '300',
+    'AIJOB_REAP_AFTER_MS': '3000',
+    'AIJOB_REAPER_INTERVAL_MS': '200',
+    'AIJOB_OUTBOX_POLL_MS': '100',
+    'AIJOB_SHUTDOWN_GRACE_MS': '3000',
+}
 
 
 def registry():
@@ -37,11 +47,15 @@ def registry():
 @pytest.fixture
 def rt(make_runtime, fake):
     runtime = make_runtime(
-        registry=registry(), AIJOB_PROVIDER_BASE_URL=fake.base_url,
-        AIJOB_PROVIDER_MODEL='fake-model', AIJOB_PLATFORM_API_KEY=PLATFORM_KEY,
+        registry=registry(),
+        AIJOB_PROVIDER_BASE_URL=fake.base_url,
+        AIJOB_PROVIDER_MODEL='fake-model',
+        AIJOB_PLATFORM_API_KEY=PLATFORM_KEY,
         AIJOB_CREDENTIAL_MASTER_KEY=base64.b64encode(b'm' * 32).decode(),
         AIJOB_PRICE_TABLE='{"fake-model": {"prompt": "2", "completion": "10", "per": 1000}}',
-        AIJOB_CONTENT_SAFETY_PATTERNS='["forbidden topic"]', **FAST)
+        AIJOB_CONTENT_SAFETY_PATTERNS='["forbidden topic"]',
+        **FAST,
+    )
     with runtime.store.connection():
         runtime.start_background()
         yield runtime
@@ -49,8 +63,13 @@ def rt(make_runtime, fake):
 
 
 def run_flashcards(rt, user_id='user-a', overrides=None, text=TEXT, timeout=20.0):
-    job = create_job(rt, job_type='flashcard_generation', user_id=user_id,
-                     input={'text': text, 'maxCards': 5}, overrides=overrides or {})
+    job = create_job(
+        rt,
+        job_type='flashcard_generation',
+        user_id=user_id,
+        input={'text': text, 'maxCards': 5},
+        overrides=overrides or {},
+    )
     return wait_terminal(job.id, timeout)
 
 
@@ -58,6 +77,7 @@ def wait_terminal(job_id, timeout=20.0):
     def terminal():
         job = AiJob.get_by_id(job_id)
         return job if job.lifecycle_status in TERMINAL else None
+
     return wait_until(terminal, timeout=timeout)
 
 
@@ -69,16 +89,24 @@ def test_a_flashcard_job_succeeds_with_one_artifact_per_card_and_a_priced_usage_
     fake.script(json_reply(CARDS, chunks=5))
     job = run_flashcards(rt)
     assert job.lifecycle_status == 'succeeded' and job.output_hash
-    links = (AiJobArtifact.select().where(AiJobArtifact.job_id == job.id)
-             .order_by(AiJobArtifact.ordinal))
-    assert [(link.artifact_type, link.ordinal) for link in links] == [('flashcard', 0),
-                                                                      ('flashcard', 1)]
+    links = (
+        AiJobArtifact.select().where(AiJobArtifact.job_id == job.id).order_by(AiJobArtifact.ordinal)
+    )
+    assert [(link.artifact_type, link.ordinal) for link in links] == [
+        ('flashcard', 0),
+        ('flashcard', 1),
+    ]
     assert [AiArtifact.get_by_id(link.artifact_id).content for link in links] == CARDS['cards']
     [row] = usage_rows(job)
-    assert (row.provider, row.model, row.attempt_no, row.credential_mode, row.error_code) == \
-        ('openai', 'fake-model', 1, 'platform_key', None)
+    assert (row.provider, row.model, row.attempt_no, row.credential_mode, row.error_code) == (
+        'openai',
+        'fake-model',
+        1,
+        'platform_key',
+        None,
+    )
     assert (row.prompt_tokens, row.completion_tokens) == (11, 7)
-    assert Decimal(row.cost) == Decimal('0.092')         # (11 * 2 + 7 * 10) / 1000
+    assert Decimal(row.cost) == Decimal('0.092')  # (11 * 2 + 7 * 10) / 1000
     assert fake.requests[0]['_headers']['authorization'] == 'Bearer ' + PLATFORM_KEY
 
 
@@ -86,8 +114,10 @@ def test_invalid_json_then_valid_json_succeeds_on_the_retry(rt, fake):
     fake.script(Reply(content='Sure! Here are your cards.'), json_reply(CARDS))
     job = run_flashcards(rt)
     assert job.lifecycle_status == 'succeeded' and job.retry_count == 1
-    assert [(r.attempt_no, r.error_code, r.prompt_tokens) for r in usage_rows(job)] == \
-        [(1, 'VALIDATION_JSON', 11), (2, None, 11)]
+    assert [(r.attempt_no, r.error_code, r.prompt_tokens) for r in usage_rows(job)] == [
+        (1, 'VALIDATION_JSON', 11),
+        (2, None, 11),
+    ]
     assert 'JSON object only' in fake.requests[1]['messages'][0]['content']
 
 
@@ -109,16 +139,24 @@ def test_a_provider_error_that_persists_fails_after_every_retry_with_a_row_per_c
     fake.script(error_reply(500, 'boom'))
     job = run_flashcards(rt)
     assert (job.lifecycle_status, job.error_code) == ('failed', 'PROVIDER_ERROR')
-    assert [(r.attempt_no, r.error_code) for r in usage_rows(job)] == \
-        [(1, 'PROVIDER_ERROR'), (2, 'PROVIDER_ERROR'), (3, 'PROVIDER_ERROR')]
+    assert [(r.attempt_no, r.error_code) for r in usage_rows(job)] == [
+        (1, 'PROVIDER_ERROR'),
+        (2, 'PROVIDER_ERROR'),
+        (3, 'PROVIDER_ERROR'),
+    ]
 
 
-@pytest.mark.parametrize('reply, code', [
-    (error_reply(401, 'invalid api key'), 'CREDENTIAL_INVALID'),
-    (Reply(content='', finish_reason='content_filter'), 'CONTENT_SAFETY_BLOCKED'),
-    (error_reply(400, 'maximum context length exceeded', code='context_length_exceeded'),
-     'PROVIDER_BAD_REQUEST_CONTEXT_LENGTH'),
-])
+@pytest.mark.parametrize(
+    'reply, code',
+    [
+        (error_reply(401, 'invalid api key'), 'CREDENTIAL_INVALID'),
+        (Reply(content='', finish_reason='content_filter'), 'CONTENT_SAFETY_BLOCKED'),
+        (
+            error_reply(400, 'maximum context length exceeded', code='context_length_exceeded'),
+            'PROVIDER_BAD_REQUEST_CONTEXT_LENGTH',
+        ),
+    ],
+)
 def test_non_retryable_failures_fail_after_one_call(rt, fake, reply, code):
     fake.script(reply)
     job = run_flashcards(rt)
@@ -164,25 +202,34 @@ def test_a_jobs_prompt_version_selects_its_template(rt, fake):
     fake.script(json_reply(CARDS))
     assert run_flashcards(rt, overrides={'promptVersion': 'v1'}).lifecycle_status == 'succeeded'
     assert 'at most 5 flashcards' in fake.requests[0]['messages'][-1]['content']
-    with pytest.raises(InvalidRequestError) as refused:     # refused before anything is written
-        create_job(rt, job_type='flashcard_generation', input={'text': TEXT},
-                   overrides={'promptVersion': 'v9'})
+    with pytest.raises(InvalidRequestError) as refused:  # refused before anything is written
+        create_job(
+            rt,
+            job_type='flashcard_generation',
+            input={'text': TEXT},
+            overrides={'promptVersion': 'v9'},
+        )
     assert refused.value.field == 'overrides.promptVersion'
     assert len(fake.requests) == 1
 
 
 def test_a_user_key_job_for_an_unconfigured_provider_is_refused_at_creation(make_runtime):
-    rt = make_runtime()                                     # no provider base URL configured
+    rt = make_runtime()  # no provider base URL configured
     with pytest.raises(PlatformUnavailableError):
-        create_job(rt, job_type='flashcard_generation', input={'text': TEXT},
-                   overrides={'credentialMode': 'user_deepseek_key', 'credentialId': 'c-1'})
+        create_job(
+            rt,
+            job_type='flashcard_generation',
+            input={'text': TEXT},
+            overrides={'credentialMode': 'user_deepseek_key', 'credentialId': 'c-1'},
+        )
 
 
 def test_a_user_key_job_calls_with_the_owners_key(rt, fake):
     fake.script(json_reply(CARDS))
     credential = rt.ai.credential_store.register('user-a', 'deepseek', USER_KEY)
-    job = run_flashcards(rt, overrides={'credentialMode': 'user_deepseek_key',
-                                        'credentialId': credential.id})
+    job = run_flashcards(
+        rt, overrides={'credentialMode': 'user_deepseek_key', 'credentialId': credential.id}
+    )
     assert job.lifecycle_status == 'succeeded'
     assert fake.requests[0]['_headers']['authorization'] == 'Bearer ' + USER_KEY
     assert usage_rows(job)[0].credential_mode == 'user_deepseek_key'
@@ -190,8 +237,11 @@ def test_a_user_key_job_calls_with_the_owners_key(rt, fake):
 
 def test_another_users_credential_fails_the_job_without_a_call(rt, fake):
     credential = rt.ai.credential_store.register('user-a', 'deepseek', USER_KEY)
-    job = run_flashcards(rt, user_id='user-b', overrides={'credentialMode': 'user_deepseek_key',
-                                                          'credentialId': credential.id})
+    job = run_flashcards(
+        rt,
+        user_id='user-b',
+        overrides={'credentialMode': 'user_deepseek_key', 'credentialId': credential.id},
+    )
     assert (job.lifecycle_status, job.error_code) == ('failed', 'CREDENTIAL_NOT_FOUND')
     assert fake.requests == []
 
@@ -201,15 +251,16 @@ def test_keys_and_job_content_never_reach_the_logs(rt, fake, caplog, capfd):
     # must not run it at DEBUG (README), so it is held at INFO here. Set first: each call also
     # sets the capture handler's level, and the last one must be DEBUG.
     caplog.set_level(logging.INFO, logger='peewee')
-    caplog.set_level(logging.DEBUG)               # aijob, openai, httpx2 and httpcore2 at DEBUG
+    caplog.set_level(logging.DEBUG)  # aijob, openai, httpx2 and httpcore2 at DEBUG
     fake.script(Reply(content='not json'), json_reply(CARDS))
     credential = rt.ai.credential_store.register('user-a', 'deepseek', USER_KEY)
     assert run_flashcards(rt).lifecycle_status == 'succeeded'
     fake.script(error_reply(401, 'invalid api key'))
-    run_flashcards(rt, overrides={'credentialMode': 'user_deepseek_key',
-                                  'credentialId': credential.id})
+    run_flashcards(
+        rt, overrides={'credentialMode': 'user_deepseek_key', 'credentialId': credential.id}
+    )
     out, err = capfd.readouterr()
     logged = caplog.text + out + err
-    assert any(r.name.startswith('openai') for r in caplog.records)   # DEBUG was captured
+    assert any(r.name.startswith('openai') for r in caplog.records)  # DEBUG was captured
     for secret in (PLATFORM_KEY, USER_KEY, TEXT, 'Capital of France'):
         assert secret not in logged

@@ -1,17 +1,18 @@
 """The HTTP API in-process through WSGI: creation and idempotency, status polling, cancel,
-ownership, the admin endpoints and every public error code (ADR §7). Jobs are moved along the
+ownership, the admin endpoints and every public error code (contracts §7). Jobs are moved along the
 state machine by the lifecycle repository here; test_api_lifecycle.py runs real workers."""
+
 import dataclasses
 import threading
 import time
 
 import pytest
 
-from engine.api import create_app
-from engine.auth import TokenStore
-from engine.registry import JobDefinitionRegistry
-from engine.store import AiJob, AiJobSnapshot, ApiToken, OutboxEvent
-from engine.synthetic import SYNTHETIC_JOB_DEFINITION, synthetic_definition
+from engine.core.models import AiJob, AiJobSnapshot, ApiToken, OutboxEvent
+from engine.core.registry import JobDefinitionRegistry
+from engine.http.app import create_app
+from engine.http.auth import TokenStore
+from engine.jobtypes.synthetic import SYNTHETIC_JOB_DEFINITION, synthetic_definition
 from tests.api_support import ADMIN_JOBS, JOBS, Harness, job_body, run_to_failed, run_to_running
 from tests.helpers import run_threads
 from tests.wsgi_client import WsgiClient
@@ -26,10 +27,22 @@ def test_create_returns_201_with_the_job_status_response_owned_by_the_caller(api
     response = api.a.post(JOBS, job_body(input={'sleepMs': 1}))
     assert response.status == 201
     body = response.json
-    assert set(body) == {'jobId', 'jobType', 'lifecycleStatus', 'queueName', 'priority',
-                         'progress', 'createdAt'}
-    assert (body['jobType'], body['lifecycleStatus'], body['queueName'], body['priority'],
-            body['progress']) == ('synthetic', 'queued', 'ai-interactive', 50, 0)
+    assert set(body) == {
+        'jobId',
+        'jobType',
+        'lifecycleStatus',
+        'queueName',
+        'priority',
+        'progress',
+        'createdAt',
+    }
+    assert (
+        body['jobType'],
+        body['lifecycleStatus'],
+        body['queueName'],
+        body['priority'],
+        body['progress'],
+    ) == ('synthetic', 'queued', 'ai-interactive', 50, 0)
     assert body['createdAt'].endswith('Z')
     assert response.headers['location'] == '/api/ai/jobs/%s' % body['jobId']
     assert AiJob.get_by_id(body['jobId']).user_id == 'user-a'
@@ -41,11 +54,21 @@ def test_overrides_are_passed_to_the_service(api):
     assert (body['priority'], job.priority, job.prompt_version) == (7, 7, 'v2')
 
 
-@pytest.mark.parametrize('field,value', [
-    ('userId', 'user-b'), ('status', 'succeeded'), ('lifecycleStatus', 'succeeded'),
-    ('lockedBy', 'me'), ('lockUntil', '2099-01-01T00:00:00Z'), ('attemptNo', 9),
-    ('retryCount', 0), ('internalErrorMessage', 'x'), ('jobId', 'mine'), ('progress', 100),
-])
+@pytest.mark.parametrize(
+    'field,value',
+    [
+        ('userId', 'user-b'),
+        ('status', 'succeeded'),
+        ('lifecycleStatus', 'succeeded'),
+        ('lockedBy', 'me'),
+        ('lockUntil', '2099-01-01T00:00:00Z'),
+        ('attemptNo', 9),
+        ('retryCount', 0),
+        ('internalErrorMessage', 'x'),
+        ('jobId', 'mine'),
+        ('progress', 100),
+    ],
+)
 def test_fields_a_client_may_not_set_are_refused_and_nothing_is_written(api, field, value):
     response = api.a.post(JOBS, job_body(**{field: value}))
     assert response.status == 400 and response.error_code == 'INVALID_REQUEST'
@@ -88,7 +111,8 @@ def test_keys_are_per_user(api):
 
 def test_fifty_concurrent_identical_posts_make_one_job(api):
     results, errors = run_threads(
-        50, lambda i: api.a.post(JOBS, job_body(key='race', input={'x': 1})), api.runtime.store)
+        50, lambda i: api.a.post(JOBS, job_body(key='race', input={'x': 1})), api.runtime.store
+    )
     assert errors == [None] * 50
     assert sorted(r.status for r in results) == [200] * 49 + [201]
     assert len({r.json['jobId'] for r in results}) == 1
@@ -98,27 +122,32 @@ def test_fifty_concurrent_identical_posts_make_one_job(api):
 def test_a_definition_that_opts_out_is_not_creatable_through_the_api(make_runtime):
     registry = JobDefinitionRegistry()
     registry.register(SYNTHETIC_JOB_DEFINITION)
-    registry.register(dataclasses.replace(synthetic_definition('internal_only'),
-                                          api_creatable=False))
+    registry.register(
+        dataclasses.replace(synthetic_definition('internal_only'), api_creatable=False)
+    )
     runtime = make_runtime(registry=registry)
     with runtime.store.connection():
         harness = Harness(runtime)
         response = harness.a.post(JOBS, job_body(jobType='internal_only'))
         assert response.status == 400 and response.error_code == 'UNKNOWN_JOB_TYPE'
-        assert 'internal_only' not in str(harness.app_document()['components']['schemas']
-                                          ['CreateJobRequest'])
+        assert 'internal_only' not in str(
+            harness.app_document()['components']['schemas']['CreateJobRequest']
+        )
         assert AiJob.select().count() == 0
 
 
 # ---------------------------------------------------------------- request errors
-@pytest.mark.parametrize('body,code,field', [
-    (job_body(jobType='nope'), 'UNKNOWN_JOB_TYPE', None),
-    ({'targetType': 'note', 'targetId': 'n'}, 'INVALID_REQUEST', 'jobType'),
-    (job_body(targetId=''), 'INVALID_REQUEST', 'targetId'),
-    (job_body(input={'sleepMs': -1}), 'INVALID_INPUT', 'input.sleepMs'),
-    (job_body(input=[1]), 'INVALID_INPUT', 'input'),
-    (job_body(overrides={'priority': 500}), 'INVALID_REQUEST', 'overrides.priority'),
-])
+@pytest.mark.parametrize(
+    'body,code,field',
+    [
+        (job_body(jobType='nope'), 'UNKNOWN_JOB_TYPE', None),
+        ({'targetType': 'note', 'targetId': 'n'}, 'INVALID_REQUEST', 'jobType'),
+        (job_body(targetId=''), 'INVALID_REQUEST', 'targetId'),
+        (job_body(input={'sleepMs': -1}), 'INVALID_INPUT', 'input.sleepMs'),
+        (job_body(input=[1]), 'INVALID_INPUT', 'input'),
+        (job_body(overrides={'priority': 500}), 'INVALID_REQUEST', 'overrides.priority'),
+    ],
+)
 def test_invalid_bodies_are_400_naming_the_field(api, body, code, field):
     response = api.a.post(JOBS, body)
     assert response.status == 400 and response.error_code == code, response
@@ -153,8 +182,17 @@ def test_wrong_method_is_405_and_unknown_path_is_404_both_json(api):
     assert response.status == 404 and response.error_code == 'NOT_FOUND'
 
 
-@pytest.mark.parametrize('header', [None, 'Bearer', 'Basic dXNlcjpwYXNz', 'Bearer short',
-                                    'Bearer aj_' + 'x' * 43, 'Bearer !!not-a-token-at-all!!'])
+@pytest.mark.parametrize(
+    'header',
+    [
+        None,
+        'Bearer',
+        'Basic dXNlcjpwYXNz',
+        'Bearer short',
+        'Bearer aj_' + 'x' * 43,
+        'Bearer !!not-a-token-at-all!!',
+    ],
+)
 def test_missing_malformed_or_unknown_tokens_are_401(api, header):
     headers = {'Authorization': header} if header else {}
     for method, path in (('POST', JOBS), ('GET', JOBS + '/x'), ('GET', ADMIN_JOBS)):
@@ -191,23 +229,27 @@ def test_status_has_an_etag_and_if_none_match_gives_304(api):
 def test_wait_returns_as_soon_as_the_job_changes(api):
     job_id = api.create()
     etag = api.a.get(JOBS + '/' + job_id).headers['etag']
-    timer = threading.Timer(0.3, lambda: _in_connection(api, lambda: run_to_running(api.runtime, job_id)))
+    timer = threading.Timer(
+        0.3, lambda: _in_connection(api, lambda: run_to_running(api.runtime, job_id))
+    )
     timer.start()
     started = time.monotonic()
-    response = api.a.get(JOBS + '/' + job_id, query={'waitMs': 5000},
-                         headers={'If-None-Match': etag})
+    response = api.a.get(
+        JOBS + '/' + job_id, query={'waitMs': 5000}, headers={'If-None-Match': etag}
+    )
     elapsed = time.monotonic() - started
     timer.join()
     assert response.status == 200 and response.json['lifecycleStatus'] == 'running'
-    assert 0.25 < elapsed < 4.0             # woke on the change, not at the 5 s limit
+    assert 0.25 < elapsed < 4.0  # woke on the change, not at the 5 s limit
 
 
 def test_wait_times_out_with_304_when_nothing_changes(api):
     job_id = api.create()
     etag = api.a.get(JOBS + '/' + job_id).headers['etag']
     started = time.monotonic()
-    response = api.a.get(JOBS + '/' + job_id, query={'waitMs': 300},
-                         headers={'If-None-Match': etag})
+    response = api.a.get(
+        JOBS + '/' + job_id, query={'waitMs': 300}, headers={'If-None-Match': etag}
+    )
     assert response.status == 304 and 0.28 < time.monotonic() - started < 3.0
 
 
@@ -216,7 +258,7 @@ def test_wait_on_a_terminal_job_returns_at_once(api):
     api.a.post(JOBS + '/%s/cancel' % job_id)
     started = time.monotonic()
     response = api.a.get(JOBS + '/' + job_id, query={'waitMs': 5000})
-    assert response.status == 200 and time.monotonic() - started < 3.0     # not the 5 s wait
+    assert response.status == 200 and time.monotonic() - started < 3.0  # not the 5 s wait
 
 
 @pytest.mark.parametrize('value', ['-1', '30001', 'soon'])
@@ -260,12 +302,17 @@ def test_cancel_a_finished_job_is_409_not_cancellable(api):
 def test_another_user_gets_404_on_every_per_job_endpoint(api):
     job_id = api.create()
     before = AiJob.get_by_id(job_id).updated_at
-    for method, path in (('GET', JOBS + '/' + job_id), ('GET', JOBS + '/%s/artifacts' % job_id),
-                         ('POST', JOBS + '/%s/cancel' % job_id)):
+    for method, path in (
+        ('GET', JOBS + '/' + job_id),
+        ('GET', JOBS + '/%s/artifacts' % job_id),
+        ('POST', JOBS + '/%s/cancel' % job_id),
+    ):
         response = api.b.request(method, path)
         assert response.status == 404 and response.error_code == 'JOB_NOT_FOUND', (method, path)
-        missing = api.b.request(method, path.replace(job_id, '00000000-0000-7000-8000-000000000000'))
-        assert missing.json == response.json                # indistinguishable from "no such job"
+        missing = api.b.request(
+            method, path.replace(job_id, '00000000-0000-7000-8000-000000000000')
+        )
+        assert missing.json == response.json  # indistinguishable from "no such job"
     assert AiJob.get_by_id(job_id).updated_at == before
 
 
@@ -292,9 +339,11 @@ def test_internal_error_message_is_for_super_admin_only(api):
     user_view = api.a.get(JOBS + '/' + job_id)
     assert user_view.json['errorCode'] == 'PROVIDER_UNAVAILABLE'
     assert user_view.json['publicErrorMessage'] == 'The AI provider is unavailable.'
-    assert b'internal.example' not in user_view.body and b'internalErrorMessage' not in user_view.body
+    assert (
+        b'internal.example' not in user_view.body and b'internalErrorMessage' not in user_view.body
+    )
     admin_view = api.admin.get(JOBS + '/' + job_id)
-    assert b'internalErrorMessage' not in admin_view.body       # §7.2 is the same for everyone
+    assert b'internalErrorMessage' not in admin_view.body  # §7.2 is the same for everyone
     item = api.admin.get(ADMIN_JOBS).json['items'][0]
     assert item['internalErrorMessage'] == 'upstream 500 from internal.example'
 
@@ -302,7 +351,7 @@ def test_internal_error_message_is_for_super_admin_only(api):
 # ---------------------------------------------------------------- admin list
 def test_admin_list_filters(api):
     a1 = api.create(input={'n': 1})
-    time.sleep(0.005)                   # distinct milliseconds for the created-at range below
+    time.sleep(0.005)  # distinct milliseconds for the created-at range below
     a2 = api.create(input={'n': 2})
     time.sleep(0.005)
     b1 = api.create(api.b)
@@ -314,10 +363,10 @@ def test_admin_list_filters(api):
         assert response.status == 200, response
         return [item['jobId'] for item in response.json['items']]
 
-    assert ids() == [b1, a2, a1]                                     # newest first
+    assert ids() == [b1, a2, a1]  # newest first
     assert ids(userId='user-a') == [a2, a1]
     assert ids(lifecycleStatus='queued') == [a1]
-    assert ids(lifecycleStatus='pending') == [a1]                    # legacy name (ADR §1.5)
+    assert ids(lifecycleStatus='pending') == [a1]  # legacy name (contracts §1.5)
     assert ids(lifecycleStatus='cancelled,failed') == [b1, a2]
     assert ids(jobType='synthetic', queueName='ai-interactive') == [b1, a2, a1]
     assert ids(jobType='other') == [] and ids(queueName='ai-background') == []
@@ -344,11 +393,18 @@ def test_admin_list_pages_with_a_cursor_and_a_bounded_size(api):
     assert api.admin.get(ADMIN_JOBS).json['limit'] == 20
 
 
-@pytest.mark.parametrize('query,field', [
-    ({'limit': '101'}, 'limit'), ({'limit': '0'}, 'limit'), ({'cursor': 'bogus'}, 'cursor'),
-    ({'lifecycleStatus': 'exploded'}, 'lifecycleStatus'), ({'queueName': 'q'}, 'queueName'),
-    ({'createdFrom': 'yesterday'}, 'createdFrom'), ({'sort': 'id'}, 'sort'),
-])
+@pytest.mark.parametrize(
+    'query,field',
+    [
+        ({'limit': '101'}, 'limit'),
+        ({'limit': '0'}, 'limit'),
+        ({'cursor': 'bogus'}, 'cursor'),
+        ({'lifecycleStatus': 'exploded'}, 'lifecycleStatus'),
+        ({'queueName': 'q'}, 'queueName'),
+        ({'createdFrom': 'yesterday'}, 'createdFrom'),
+        ({'sort': 'id'}, 'sort'),
+    ],
+)
 def test_admin_list_rejects_bad_parameters_naming_them(api, query, field):
     response = api.admin.get(ADMIN_JOBS, query=query)
     assert response.status == 400 and response.json['error']['field'] == field
@@ -365,7 +421,7 @@ def test_admin_retry_makes_a_new_linked_job_with_the_old_input(api):
     assert (new['userId'], new['lifecycleStatus'], new['priority']) == ('user-a', 'queued', 9)
     assert api.runtime.service.snapshot(new['jobId']) == api.runtime.service.snapshot(job_id)
     assert AiJob.get_by_id(job_id).lifecycle_status == 'failed'
-    assert api.a.get(JOBS + '/' + new['jobId']).status == 200      # it belongs to the user
+    assert api.a.get(JOBS + '/' + new['jobId']).status == 200  # it belongs to the user
 
 
 def test_admin_retry_of_an_unfinished_job_is_409_and_of_a_missing_one_404(api):
@@ -377,7 +433,7 @@ def test_admin_retry_of_an_unfinished_job_is_409_and_of_a_missing_one_404(api):
     assert AiJob.select().count() == 1
 
 
-# ---------------------------------------------------------------- limits (ADR §7.3)
+# ---------------------------------------------------------------- limits (contracts §7.3)
 def test_too_many_unfinished_jobs_is_429_with_retry_after(make_runtime):
     runtime = make_runtime(AIJOB_MAX_ACTIVE_JOBS_PER_USER='2')
     with runtime.store.connection():
@@ -387,8 +443,8 @@ def test_too_many_unfinished_jobs_is_429_with_retry_after(make_runtime):
         assert response.status == 429 and response.error_code == 'TOO_MANY_JOBS'
         assert int(response.headers['retry-after']) > 0
         assert AiJob.select().count() == 2
-        assert harness.b.post(JOBS, job_body()).status == 201          # per user
-        harness.a.post(JOBS + '/%s/cancel' % first)                    # a finished job frees a slot
+        assert harness.b.post(JOBS, job_body()).status == 201  # per user
+        harness.a.post(JOBS + '/%s/cancel' % first)  # a finished job frees a slot
         assert harness.a.post(JOBS, job_body()).status == 201
 
 
@@ -409,8 +465,9 @@ def test_platform_key_mode_without_a_platform_key_is_503(make_runtime):
     runtime = make_runtime(AIJOB_PROVIDER_BASE_URL='http://127.0.0.1:9/v1')
     with runtime.store.connection():
         harness = Harness(runtime)
-        response = harness.a.post(JOBS, job_body(jobType='flashcard_generation',
-                                                 input={'text': 'Photosynthesis.'}))
+        response = harness.a.post(
+            JOBS, job_body(jobType='flashcard_generation', input={'text': 'Photosynthesis.'})
+        )
         assert response.status == 503 and response.error_code == 'PLATFORM_UNAVAILABLE'
         assert int(response.headers['retry-after']) > 0
         assert AiJob.select().count() == 0
@@ -424,12 +481,16 @@ def test_healthz_and_readyz(api):
 
 
 def test_an_unreachable_store_is_503_on_readyz_and_platform_unavailable_elsewhere(
-        make_runtime, backend):
+    make_runtime, backend
+):
     good = make_runtime()
     harness = Harness(good)
-    bad_url = ('sqlite:////nonexistent-dir/aijob.db' if backend.name == 'sqlite+memory'
-               else 'mysql://root@127.0.0.1:1/nowhere')
-    bad = make_runtime(AIJOB_DATABASE_URL=bad_url)      # re-points the models at a dead store
+    bad_url = (
+        'sqlite:////nonexistent-dir/aijob.db'
+        if backend.name == 'sqlite+memory'
+        else 'mysql://root@127.0.0.1:1/nowhere'
+    )
+    bad = make_runtime(AIJOB_DATABASE_URL=bad_url)  # re-points the models at a dead store
     client = WsgiClient(create_app(bad), harness.tokens['a'], harness.check)
     ready = client.get('/readyz')
     assert ready.status == 503 and ready.error_code == 'NOT_READY'
@@ -442,6 +503,7 @@ def test_an_unreachable_store_is_503_on_readyz_and_platform_unavailable_elsewher
 def test_an_unexpected_error_is_a_clean_500(api, monkeypatch):
     def explode(request):
         raise RuntimeError('SELECT secret FROM /work/main/engine/service.py')
+
     monkeypatch.setattr(api.runtime.service, 'create_job', explode)
     response = api.a.post(JOBS, job_body())
     assert response.status == 500
@@ -451,8 +513,14 @@ def test_an_unexpected_error_is_a_clean_500(api, monkeypatch):
 def test_openapi_documents_every_route_of_the_app(api):
     document = api.anon.get('/openapi.json').json
     assert document['openapi'].startswith('3.1')
-    documented = {(method.upper(), path) for path, item in document['paths'].items()
-                  for method in item}
-    routes = {(route.method, route.rule.replace('<job_id>', '{jobId}')
-               .replace('<credential_id>', '{credentialId}')) for route in api.app.routes}
+    documented = {
+        (method.upper(), path) for path, item in document['paths'].items() for method in item
+    }
+    routes = {
+        (
+            route.method,
+            route.rule.replace('<job_id>', '{jobId}').replace('<credential_id>', '{credentialId}'),
+        )
+        for route in api.app.routes
+    }
     assert routes == documented

@@ -1,13 +1,13 @@
 """Users' provider keys through HTTP, the admin usage totals, and what the logs may contain."""
+
 import base64
 import logging
 
 import pytest
 
-from engine.logs import JsonFormatter, quiet_sql_logging
-from engine.store import UserModelCredential
-from tests.api_support import (FAST_SETTINGS, JOBS, Harness, job_body, poll_until,
-                               running_registry)
+from engine.core.logs import JsonFormatter, quiet_sql_logging
+from engine.core.models import UserModelCredential
+from tests.api_support import FAST_SETTINGS, JOBS, Harness, job_body, poll_until, running_registry
 
 CREDENTIALS = '/api/ai/credentials'
 USAGE = '/admin-api/ai/usage'
@@ -42,11 +42,14 @@ def test_register_list_and_delete_a_key_seeing_only_its_mask(keyed_api):
     assert again.status == 404
 
 
-@pytest.mark.parametrize('body,field', [
-    ({'provider': 'Deep Seek', 'apiKey': SECRET_KEY}, 'provider'),
-    ({'provider': 'deepseek', 'apiKey': ''}, 'apiKey'),
-    ({'provider': 'deepseek', 'apiKey': SECRET_KEY, 'userId': 'user-b'}, 'userId'),
-])
+@pytest.mark.parametrize(
+    'body,field',
+    [
+        ({'provider': 'Deep Seek', 'apiKey': SECRET_KEY}, 'provider'),
+        ({'provider': 'deepseek', 'apiKey': ''}, 'apiKey'),
+        ({'provider': 'deepseek', 'apiKey': SECRET_KEY, 'userId': 'user-b'}, 'userId'),
+    ],
+)
 def test_invalid_credentials_are_400_naming_the_field(keyed_api, body, field):
     response = keyed_api.a.post(CREDENTIALS, body)
     assert response.status == 400 and response.json['error']['field'] == field
@@ -73,16 +76,21 @@ def test_admin_usage_totals_per_user_and_per_job_type(live_api):
     assert [(t['userId'], t['calls']) for t in by_user.json['totals']] == [('user-a', 1)]
     by_type = live_api.admin.get(USAGE, query={'groupBy': 'jobType'}).json['totals']
     assert [(t['jobType'], t['calls'], t['errors']) for t in by_type] == [('synthetic', 1, 0)]
-    empty = live_api.admin.get(USAGE, query={'since': '2000-01-01T00:00:00Z',
-                                             'until': '2000-01-02T00:00:00Z'})
+    empty = live_api.admin.get(
+        USAGE, query={'since': '2000-01-01T00:00:00Z', 'until': '2000-01-02T00:00:00Z'}
+    )
     assert empty.json['totals'] == []
 
 
-@pytest.mark.parametrize('query,field', [
-    ({'groupBy': 'model'}, 'groupBy'), ({'since': 'last week'}, 'since'),
-    ({'since': '2030-01-02T00:00:00Z', 'until': '2030-01-01T00:00:00Z'}, 'since'),
-    ({'from': '2030-01-01'}, 'from'),
-])
+@pytest.mark.parametrize(
+    'query,field',
+    [
+        ({'groupBy': 'model'}, 'groupBy'),
+        ({'since': 'last week'}, 'since'),
+        ({'since': '2030-01-02T00:00:00Z', 'until': '2030-01-01T00:00:00Z'}, 'since'),
+        ({'from': '2030-01-01'}, 'from'),
+    ],
+)
 def test_admin_usage_rejects_bad_parameters(api_without_key, query, field):
     response = api_without_key.admin.get(USAGE, query=query)
     assert response.status == 400 and response.json['error']['field'] == field
@@ -94,26 +102,29 @@ def test_users_get_403_on_admin_usage(api_without_key):
 
 
 def test_logs_never_contain_input_output_tokens_or_keys(make_runtime, caplog):
-    runtime = make_runtime(registry=running_registry(), AIJOB_CREDENTIAL_MASTER_KEY=MASTER_KEY,
-                           **FAST_SETTINGS)
+    runtime = make_runtime(
+        registry=running_registry(), AIJOB_CREDENTIAL_MASTER_KEY=MASTER_KEY, **FAST_SETTINGS
+    )
     marker = 'do-not-log-4f1c'
-    quiet_sql_logging()                                # as configure() does in every process
+    quiet_sql_logging()  # as configure() does in every process
     with runtime.store.connection(), caplog.at_level(logging.DEBUG):
         harness = Harness(runtime)
         runtime.start_background()
         try:
-            job_id = harness.a.post(JOBS, job_body(input={'text': marker,
-                                                          'output': {'echo': marker}})).json['jobId']
+            job_id = harness.a.post(
+                JOBS, job_body(input={'text': marker, 'output': {'echo': marker}})
+            ).json['jobId']
             poll_until(harness.a, job_id, {'succeeded'})
             harness.a.get(JOBS + '/%s/artifacts' % job_id)
             harness.a.post(CREDENTIALS, {'provider': 'deepseek', 'apiKey': SECRET_KEY})
-            harness.a.post(JOBS, body=b'{"input": "' + marker.encode() + b'"',
-                           content_type='application/json')
+            harness.a.post(
+                JOBS, body=b'{"input": "' + marker.encode() + b'"', content_type='application/json'
+            )
         finally:
             runtime.stop_background(timeout_s=5)
     lines = [JsonFormatter().format(record) for record in caplog.records]
     assert any('"http.request"' in line for line in lines)
-    assert any(job_id in line for line in lines)                  # job ids are logged
+    assert any(job_id in line for line in lines)  # job ids are logged
     for line in lines:
         for secret in [marker, SECRET_KEY] + list(harness.tokens.values()):
             assert secret not in line, line

@@ -1,5 +1,6 @@
 """`python aijob.py serve` as a real process on a free port: a synthetic job runs to succeeded
 over real HTTP, and the process stops cleanly on SIGTERM."""
+
 import json
 import os
 import socket
@@ -47,12 +48,17 @@ def wait_healthy(base, proc, timeout_s=30.0):
 
 
 def test_serve_runs_a_synthetic_job_to_succeeded_over_real_http(backend, make_runtime, tmp_path):
-    make_runtime()                                   # a clean store for this backend
+    make_runtime()  # a clean store for this backend
     port = free_port()
     env = dict(os.environ, **backend.env(AIJOB_PORT=str(port)))
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, 'aijob.py'), 'serve'],
-                            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, 'aijob.py'), 'serve'],
+        cwd=str(tmp_path),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         lines = [proc.stdout.readline().strip() for _ in range(3)]
         assert lines[0].startswith('aijob serving on http://127.0.0.1:%d' % port), lines
@@ -67,9 +73,16 @@ def test_serve_runs_a_synthetic_job_to_succeeded_over_real_http(backend, make_ru
             return response
 
         assert call('GET', '/readyz').status == 200
-        created = call('POST', '/api/ai/jobs', {
-            'jobType': 'synthetic', 'targetType': 'note', 'targetId': 'n1',
-            'input': {'sleepMs': 100, 'output': {'answer': 42}}})
+        created = call(
+            'POST',
+            '/api/ai/jobs',
+            {
+                'jobType': 'synthetic',
+                'targetType': 'note',
+                'targetId': 'n1',
+                'input': {'sleepMs': 100, 'output': {'answer': 42}},
+            },
+        )
         assert created.status == 201
         job_id = created.json['jobId']
         deadline = time.monotonic() + 20
@@ -87,9 +100,13 @@ def test_serve_runs_a_synthetic_job_to_succeeded_over_real_http(backend, make_ru
 
 
 def run_cli(backend, *args):
-    result = subprocess.run([sys.executable, os.path.join(ROOT, 'aijob.py')] + list(args),
-                            env=dict(os.environ, **backend.env()), capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'aijob.py')] + list(args),
+        env=dict(os.environ, **backend.env()),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return result
 
 
@@ -99,32 +116,49 @@ def test_token_create_prints_the_token_last_and_revoke_disables_it(backend, make
     assert created.returncode == 0, created.stderr
     token = created.stdout.strip().splitlines()[-1]
     with runtime.store.connection():
-        from engine.auth import TokenStore
+        from engine.http.auth import TokenStore
+
         principal = TokenStore(runtime.store).authenticate(token)
         assert (principal.user_id, principal.role) == ('carol', 'SUPER_ADMIN')
         assert run_cli(backend, 'token', 'revoke', token).returncode == 0
         assert TokenStore(runtime.store).authenticate(token) is None
-    assert run_cli(backend, 'token', 'revoke', token).returncode == 1        # already revoked
+    assert run_cli(backend, 'token', 'revoke', token).returncode == 1  # already revoked
     assert run_cli(backend, 'token', 'create', '--user', 'has space').returncode == 2
 
 
 def test_web_serves_the_api_from_several_workers(backend, make_runtime, tmp_path):
     runtime = make_runtime()
     with runtime.store.connection():
-        from engine.auth import TokenStore
+        from engine.http.auth import TokenStore
+
         token = TokenStore(runtime.store).create('dave')
     port = free_port()
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, 'aijob.py'), 'web',
-                             '--port', str(port), '--workers', '2'],
-                            cwd=str(tmp_path), env=dict(os.environ, **backend.env()),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(ROOT, 'aijob.py'),
+            'web',
+            '--port',
+            str(port),
+            '--workers',
+            '2',
+        ],
+        cwd=str(tmp_path),
+        env=dict(os.environ, **backend.env()),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         base = 'http://127.0.0.1:%d' % port
         wait_healthy(base, proc)
-        created = http('POST', base + '/api/ai/jobs', token, {
-            'jobType': 'synthetic', 'targetType': 'note', 'targetId': 'n1', 'input': {}})
+        created = http(
+            'POST',
+            base + '/api/ai/jobs',
+            token,
+            {'jobType': 'synthetic', 'targetType': 'note', 'targetId': 'n1', 'input': {}},
+        )
         assert created.status == 201
-        for _ in range(4):                           # whichever worker answers, same answer
+        for _ in range(4):  # whichever worker answers, same answer
             status = http('GET', base + '/api/ai/jobs/' + created.json['jobId'], token)
             assert status.status == 200 and status.json['jobId'] == created.json['jobId']
         assert http('GET', base + '/api/ai/jobs/' + created.json['jobId']).status == 401
@@ -135,11 +169,17 @@ def test_web_serves_the_api_from_several_workers(backend, make_runtime, tmp_path
 
 def test_importing_aijob_opens_nothing_until_gunicorn_asks_for_app(tmp_path):
     database = tmp_path / 'lazy.db'
-    code = ('import os, aijob; assert not os.path.exists(%r); '
-            'app = aijob.app; assert callable(app) and aijob.app is app; '
-            'print(os.path.exists(%r))' % (str(database), str(database)))
-    result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True,
-                            text=True, timeout=60,
-                            env=dict(os.environ, AIJOB_DATABASE_URL='sqlite:///%s' % database,
-                                     AIJOB_REDIS_URL=''))
+    code = (
+        'import os, aijob; assert not os.path.exists(%r); '
+        'app = aijob.app; assert callable(app) and aijob.app is app; '
+        'print(os.path.exists(%r))' % (str(database), str(database))
+    )
+    result = subprocess.run(
+        [sys.executable, '-c', code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, AIJOB_DATABASE_URL='sqlite:///%s' % database, AIJOB_REDIS_URL=''),
+    )
     assert result.returncode == 0, result.stderr

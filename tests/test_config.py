@@ -1,37 +1,51 @@
 """Configuration and the CLI's start-up: bad values fail with one clear line."""
+
 import os
 import subprocess
 import sys
 
 import pytest
 
-from engine.config import Config
-from engine.errors import ConfigError
+from engine.core.config import Config
+from engine.core.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_cli(*args, **env):
     full_env = dict(os.environ, **env)
-    return subprocess.run([sys.executable, 'aijob.py', *args], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, 'aijob.py', *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_defaults_are_the_embedded_backends():
     config = Config.from_env({})
     assert config.database_url == 'sqlite:///aijob.db' and config.redis_url is None
-    assert (config.lock_ttl_ms, config.heartbeat_ms, config.reap_after_ms) == (60_000, 30_000, 90_000)
+    assert (config.lock_ttl_ms, config.heartbeat_ms, config.reap_after_ms) == (
+        60_000,
+        30_000,
+        90_000,
+    )
     assert (config.interactive_concurrency, config.background_concurrency) == (2, 1)
 
 
-@pytest.mark.parametrize('env', [
-    {'AIJOB_DATABASE_URL': 'postgres://db/x'},
-    {'AIJOB_DATABASE_URL': 'mysql://host-without-db'},
-    {'AIJOB_REDIS_URL': 'http://nope'},
-    {'AIJOB_LOCK_TTL_MS': 'soon'},
-    {'AIJOB_INTERACTIVE_CONCURRENCY': '0'},
-    {'AIJOB_DEFINITIONS': 'not a module'},
-])
+@pytest.mark.parametrize(
+    'env',
+    [
+        {'AIJOB_DATABASE_URL': 'postgres://db/x'},
+        {'AIJOB_DATABASE_URL': 'mysql://host-without-db'},
+        {'AIJOB_REDIS_URL': 'http://nope'},
+        {'AIJOB_LOCK_TTL_MS': 'soon'},
+        {'AIJOB_INTERACTIVE_CONCURRENCY': '0'},
+        {'AIJOB_DEFINITIONS': 'not a module'},
+    ],
+)
 def test_bad_values_raise_a_config_error_naming_the_variable(env):
     with pytest.raises(ConfigError) as raised:
         Config.from_env(env)
@@ -53,11 +67,14 @@ def test_initdb_is_safe_to_run_twice(backend, tmp_path):
         assert 'schema ready' in result.stdout
 
 
-@pytest.mark.parametrize('env,secret', [
-    ({'AIJOB_DATABASE_URL': 'postgres://app:hunter2@db/x'}, 'hunter2'),
-    ({'AIJOB_REDIS_URL': 'http://:hunter2@cache'}, 'hunter2'),
-    ({'AIJOB_CREDENTIAL_MASTER_KEY': 'hunter2-not-base64!'}, 'hunter2'),
-])
+@pytest.mark.parametrize(
+    'env,secret',
+    [
+        ({'AIJOB_DATABASE_URL': 'postgres://app:hunter2@db/x'}, 'hunter2'),
+        ({'AIJOB_REDIS_URL': 'http://:hunter2@cache'}, 'hunter2'),
+        ({'AIJOB_CREDENTIAL_MASTER_KEY': 'hunter2-not-base64!'}, 'hunter2'),
+    ],
+)
 def test_an_invalid_secret_is_named_but_never_echoed(env, secret):
     with pytest.raises(ConfigError) as raised:
         Config.from_env(env)

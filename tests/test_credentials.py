@@ -1,25 +1,32 @@
 """User credentials: AES-256-GCM at rest, masked when shown, owned by one user; the resolver
-that gives a job its key (ADR §8.1)."""
+that gives a job its key (contracts §8.1)."""
+
 import base64
 
 import pytest
 
-from engine.ai_services import build_ai_services
-from engine.config import Config
-from engine.credentials import (CredentialNotFoundError, CredentialStorageUnavailableError,
-                                CredentialStore, CredentialUndecryptableError, decode_master_key,
-                                mask_key)
-from engine.errors import ConfigError, InvalidRequestError
-from engine.providers import Credential
-from engine.store import UserModelCredential
+from engine.core.config import Config
+from engine.core.errors import ConfigError, InvalidRequestError
+from engine.core.models import UserModelCredential
+from engine.execution.credentials import (
+    CredentialNotFoundError,
+    CredentialStorageUnavailableError,
+    CredentialStore,
+    CredentialUndecryptableError,
+    mask_key,
+)
+from engine.execution.providers import Credential
+from engine.execution.services import build_ai_services
 from tests.helpers import create_job
 
 MASTER = base64.b64encode(b'k' * 32).decode()
 OTHER_MASTER = base64.b64encode(b'j' * 32).decode()
 KEY_A = 'sk-user-a-3f9c1e77d2b84a6b9e01'
-PROVIDER_SETTINGS = {'AIJOB_CREDENTIAL_MASTER_KEY': MASTER,
-                     'AIJOB_PROVIDER_BASE_URL': 'http://127.0.0.1:9/v1',
-                     'AIJOB_PLATFORM_API_KEY': 'sk-platform-0000000000'}
+PROVIDER_SETTINGS = {
+    'AIJOB_CREDENTIAL_MASTER_KEY': MASTER,
+    'AIJOB_PROVIDER_BASE_URL': 'http://127.0.0.1:9/v1',
+    'AIJOB_PLATFORM_API_KEY': 'sk-platform-0000000000',
+}
 
 
 @pytest.fixture
@@ -64,7 +71,7 @@ def test_the_owner_deletes_a_credential_once(rt):
 
 def test_a_wrong_master_key_makes_the_credential_undecryptable(rt):
     info = rt.ai.credential_store.register('user-a', 'deepseek', KEY_A)
-    other = CredentialStore(rt.store, decode_master_key(OTHER_MASTER))
+    other = CredentialStore(rt.store, base64.b64decode(OTHER_MASTER))
     with pytest.raises(CredentialUndecryptableError) as caught:
         other.decrypt('user-a', info.id)
     assert caught.value.code == 'CREDENTIAL_UNDECRYPTABLE' and not caught.value.retryable
@@ -75,7 +82,9 @@ def test_a_ciphertext_copied_to_another_users_row_does_not_decrypt(rt):
     mine = store.register('user-a', 'deepseek', KEY_A)
     theirs = store.register('user-b', 'deepseek', 'sk-user-b-000000000000000')
     sealed = UserModelCredential.get_by_id(mine.id).encrypted_key
-    UserModelCredential.update(encrypted_key=sealed).where(UserModelCredential.id == theirs.id).execute()
+    UserModelCredential.update(encrypted_key=sealed).where(
+        UserModelCredential.id == theirs.id
+    ).execute()
     with pytest.raises(CredentialUndecryptableError):
         store.decrypt('user-b', theirs.id)
 
@@ -86,8 +95,10 @@ def test_without_a_master_key_keys_cannot_be_registered(make_runtime):
         runtime.ai.credential_store.register('user-a', 'deepseek', KEY_A)
 
 
-@pytest.mark.parametrize('provider, api_key', [('deepseek', ''), ('deepseek', 'sk with space'),
-                                               ('DeepSeek!', KEY_A), ('deepseek', None)])
+@pytest.mark.parametrize(
+    'provider, api_key',
+    [('deepseek', ''), ('deepseek', 'sk with space'), ('DeepSeek!', KEY_A), ('deepseek', None)],
+)
 def test_malformed_registrations_are_rejected(rt, provider, api_key):
     with pytest.raises(InvalidRequestError):
         rt.ai.credential_store.register('user-a', provider, api_key)
@@ -106,10 +117,13 @@ def test_a_malformed_master_key_stops_start_up_without_echoing_it(value):
 
 # ---------------------------------------------------------------- the resolver
 def user_key_job(rt, user_id, credential_id):
-    return create_job(rt, job_type='flashcard_generation', user_id=user_id,
-                      input={'text': 'Some text.'},
-                      overrides={'credentialMode': 'user_deepseek_key',
-                                 'credentialId': credential_id})
+    return create_job(
+        rt,
+        job_type='flashcard_generation',
+        user_id=user_id,
+        input={'text': 'Some text.'},
+        overrides={'credentialMode': 'user_deepseek_key', 'credentialId': credential_id},
+    )
 
 
 def test_a_user_key_job_resolves_to_the_owners_decrypted_key(rt):

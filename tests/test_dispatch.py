@@ -1,24 +1,28 @@
-"""OutboxDispatcher (ADR §4.3–4.5): claim before push, each event pushed once, outages back off."""
+"""OutboxDispatcher (contracts §4.3–4.5): claim before push, each event pushed once, outages back
+off."""
+
 import threading
 
-from engine.dispatcher import OutboxDispatcher
-from engine.outbox import PENDING, PUBLISHED
-from engine.queues import RedisQueue
-from engine.store import AiJob, AiUsageLog, OutboxEvent
+from engine.core.models import AiJob, AiUsageLog, OutboxEvent
+from engine.core.outbox import PENDING, PUBLISHED
+from engine.dispatch.dispatcher import OutboxDispatcher
+from engine.dispatch.redis_queue import RedisQueue
 from tests.engine_support import wait_terminal
 from tests.helpers import create_job, wait_until
 
 
 def pending_jobs(rt, count):
-    rt.service.dispatch_now = None            # leave every event to the dispatchers
+    rt.service.dispatch_now = None  # leave every event to the dispatchers
     with rt.store.atomic():
         return [create_job(rt, user_id='user-%d' % i, target_id=str(i)) for i in range(count)]
 
 
 def test_two_dispatchers_over_a_thousand_events_push_each_once(engine_rt):
     jobs = pending_jobs(engine_rt, 1000)
-    dispatchers = [OutboxDispatcher(engine_rt.outbox, engine_rt.queue, 'dispatcher-%d' % i,
-                                    batch_size=50) for i in range(2)]
+    dispatchers = [
+        OutboxDispatcher(engine_rt.outbox, engine_rt.queue, 'dispatcher-%d' % i, batch_size=50)
+        for i in range(2)
+    ]
     published = [0, 0]
 
     def drive(i):
@@ -31,14 +35,14 @@ def test_two_dispatchers_over_a_thousand_events_push_each_once(engine_rt):
         thread.start()
     for thread in threads:
         thread.join(120)
-    assert sum(published) == 1000 and all(published)          # both took part, none twice
+    assert sum(published) == 1000 and all(published)  # both took part, none twice
     assert OutboxEvent.select().where(OutboxEvent.status == PUBLISHED).count() == 1000
-    assert engine_rt.queue.depth('ai-interactive') == 1000      # exactly one message per event
+    assert engine_rt.queue.depth('ai-interactive') == 1000  # exactly one message per event
     engine_rt.start_background()
     for job in jobs:
         wait_terminal(engine_rt, job.id, timeout=120)
     assert AiJob.select().where(AiJob.lifecycle_status == 'succeeded').count() == 1000
-    assert AiJob.select().where(AiJob.attempt_no != 1).count() == 0        # executed once each
+    assert AiJob.select().where(AiJob.attempt_no != 1).count() == 0  # executed once each
     assert AiUsageLog.select().count() == 1000
 
 
@@ -52,9 +56,14 @@ def test_a_lost_claim_is_skipped(engine_rt):
 
 def test_unknown_event_types_are_marked_published_without_dispatch(engine_rt):
     with engine_rt.store.atomic() as tx:
-        engine_rt.outbox.create_in_transaction(tx, event_type='ai.job.mystery',
-                                               aggregate_type='AiJob', aggregate_id='x',
-                                               dedupe_key='mystery:1', payload={})
+        engine_rt.outbox.create_in_transaction(
+            tx,
+            event_type='ai.job.mystery',
+            aggregate_type='AiJob',
+            aggregate_id='x',
+            dedupe_key='mystery:1',
+            payload={},
+        )
     assert engine_rt.dispatcher.cycle() == 1
     assert OutboxEvent.get(OutboxEvent.dedupe_key == 'mystery:1').status == PUBLISHED
     assert engine_rt.queue.depth('ai-interactive') == 0
@@ -63,12 +72,20 @@ def test_unknown_event_types_are_marked_published_without_dispatch(engine_rt):
 def test_a_bad_payload_is_a_real_rejection_and_dies_after_three(engine_rt):
     with engine_rt.store.atomic() as tx:
         event = engine_rt.outbox.create_in_transaction(
-            tx, event_type='ai.job.enqueue', aggregate_type='AiJob', aggregate_id='x',
-            dedupe_key='bad:1', payload={'jobId': 'x'})
+            tx,
+            event_type='ai.job.enqueue',
+            aggregate_type='AiJob',
+            aggregate_id='x',
+            dedupe_key='bad:1',
+            payload={'jobId': 'x'},
+        )
     engine_rt.dispatcher.retry_delay_ms = 0
     for _ in range(3):
         engine_rt.dispatcher.cycle()
-    assert (OutboxEvent.get_by_id(event.id).status, OutboxEvent.get_by_id(event.id).attempt_count) == ('dead', 3)
+    assert (
+        OutboxEvent.get_by_id(event.id).status,
+        OutboxEvent.get_by_id(event.id).attempt_count,
+    ) == ('dead', 3)
 
 
 def test_a_queue_outage_hands_events_back_without_burning_attempts(engine_rt):
@@ -76,20 +93,20 @@ def test_a_queue_outage_hands_events_back_without_burning_attempts(engine_rt):
     down = RedisQueue('redis://127.0.0.1:1/0', prefix='down')
     dispatcher = OutboxDispatcher(engine_rt.outbox, down, 'dispatcher-down')
     for _ in range(5):
-        OutboxEvent.update(available_at=OutboxEvent.created_at).execute()   # due again at once
+        OutboxEvent.update(available_at=OutboxEvent.created_at).execute()  # due again at once
         assert dispatcher.cycle() == 0
     event = OutboxEvent.get(OutboxEvent.aggregate_id == job.id)
     assert (event.status, event.attempt_count) == (PENDING, 0)
     assert dispatcher._outage_backoff_s > 0
     OutboxEvent.update(available_at=OutboxEvent.created_at).execute()
-    assert engine_rt.dispatcher.cycle() == 1                       # the queue is back
+    assert engine_rt.dispatcher.cycle() == 1  # the queue is back
 
 
 def test_a_dispatcher_that_died_after_its_claim_is_covered(engine_rt):
     [job] = pending_jobs(engine_rt, 1)
     event = OutboxEvent.get(OutboxEvent.aggregate_id == job.id)
-    engine_rt.outbox.mark_processing(event.id, 'crashed')            # claimed, never pushed
-    engine_rt.start_background()                                     # releases after the TTL
+    engine_rt.outbox.mark_processing(event.id, 'crashed')  # claimed, never pushed
+    engine_rt.start_background()  # releases after the TTL
     assert wait_terminal(engine_rt, job.id).lifecycle_status == 'succeeded'
 
 

@@ -1,13 +1,14 @@
-"""The execution engine end to end (ADR §5, §6): jobs created through AiJobService run to a
+"""The execution engine end to end (contracts §5, §6): jobs created through AiJobService run to a
 terminal state by themselves, on both backend pairs."""
+
 import dataclasses
 import time
 
 import pytest
 
-from engine.projectors import ProjectionResult, ResultProjector, store_json_artifact
-from engine.store import AiArtifact, AiJob, AiJobArtifact, AiUsageLog
-from engine.synthetic import synthetic_definition
+from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiUsageLog
+from engine.execution.projectors import ProjectionResult, ResultProjector, store_json_artifact
+from engine.jobtypes.synthetic import synthetic_definition
 from tests.engine_support import run_job, wait_terminal
 from tests.helpers import create_job, wait_until
 
@@ -22,12 +23,18 @@ def test_a_job_succeeds_with_its_artifact_and_usage_row(engine_rt):
     assert (job.lifecycle_status, job.progress, job.error_code) == ('succeeded', 100, None)
     assert job.started_at and job.finished_at and job.output_hash
     links = list(AiJobArtifact.select().where(AiJobArtifact.job_id == job.id))
-    assert [(l.artifact_type, l.ordinal) for l in links] == [('json', 0)]
-    assert AiArtifact.get_by_id(links[0].artifact_id).content == \
-        {'answer': 42, 'nested': {'b': 1, 'a': 2}}
+    assert [(link.artifact_type, link.ordinal) for link in links] == [('json', 0)]
+    assert AiArtifact.get_by_id(links[0].artifact_id).content == {
+        'answer': 42,
+        'nested': {'b': 1, 'a': 2},
+    }
     [usage] = usage_rows(job.id)
-    assert (usage.attempt_no, usage.error_code, usage.provider, usage.credential_mode) == \
-        (1, None, 'synthetic', 'platform_key')
+    assert (usage.attempt_no, usage.error_code, usage.provider, usage.credential_mode) == (
+        1,
+        None,
+        'synthetic',
+        'platform_key',
+    )
 
 
 def test_the_output_hash_is_canonical_at_every_depth(engine_rt):
@@ -41,8 +48,11 @@ def test_the_output_hash_is_canonical_at_every_depth(engine_rt):
 def test_progress_reaches_one_hundred_through_steps(engine_rt):
     engine_rt.start_background()
     job = create_job(engine_rt, input={'sleepMs': 600, 'progressSteps': 4})
-    seen = wait_until(lambda: AiJob.get_by_id(job.id).progress in (25, 50, 75) and
-                      AiJob.get_by_id(job.id).progress)
+    seen = wait_until(
+        lambda: (
+            AiJob.get_by_id(job.id).progress in (25, 50, 75) and AiJob.get_by_id(job.id).progress
+        )
+    )
     assert seen in (25, 50, 75)
     assert wait_terminal(engine_rt, job.id).progress == 100
 
@@ -50,11 +60,18 @@ def test_progress_reaches_one_hundred_through_steps(engine_rt):
 def test_a_retryable_error_fails_after_the_retries_are_used(engine_rt):
     engine_rt.start_background()
     job = run_job(engine_rt, failWith='PROVIDER_UNAVAILABLE')
-    assert (job.lifecycle_status, job.error_code, job.retry_count) == ('failed', 'PROVIDER_UNAVAILABLE', 2)
+    assert (job.lifecycle_status, job.error_code, job.retry_count) == (
+        'failed',
+        'PROVIDER_UNAVAILABLE',
+        2,
+    )
     assert job.public_error_message and 'synthetic failure' not in job.public_error_message
     assert 'synthetic failure' in job.internal_error_message
-    assert [(u.attempt_no, u.error_code) for u in usage_rows(job.id)] == \
-        [(1, 'PROVIDER_UNAVAILABLE'), (2, 'PROVIDER_UNAVAILABLE'), (3, 'PROVIDER_UNAVAILABLE')]
+    assert [(u.attempt_no, u.error_code) for u in usage_rows(job.id)] == [
+        (1, 'PROVIDER_UNAVAILABLE'),
+        (2, 'PROVIDER_UNAVAILABLE'),
+        (3, 'PROVIDER_UNAVAILABLE'),
+    ]
 
 
 def test_a_retryable_error_that_clears_succeeds(engine_rt):
@@ -75,7 +92,11 @@ def test_a_non_retryable_error_fails_at_once(engine_rt, code):
 def test_internal_errors_are_retried_at_most_once(engine_rt):
     engine_rt.start_background()
     job = run_job(engine_rt, failWith='INTERNAL_ERROR')
-    assert (job.lifecycle_status, job.error_code, job.retry_count) == ('failed', 'INTERNAL_ERROR', 1)
+    assert (job.lifecycle_status, job.error_code, job.retry_count) == (
+        'failed',
+        'INTERNAL_ERROR',
+        1,
+    )
 
 
 def test_validation_errors_are_retried(engine_rt):
@@ -86,7 +107,7 @@ def test_validation_errors_are_retried(engine_rt):
 
 def test_a_job_past_its_timeout_ends_timeout(engine_rt):
     engine_rt.start_background()
-    job = run_job(engine_rt, job_type='synthetic_short', sleepMs=300_000)   # 1 s timeout
+    job = run_job(engine_rt, job_type='synthetic_short', sleepMs=300_000)  # 1 s timeout
     assert (job.lifecycle_status, job.error_code, job.retry_count) == ('failed', 'TIMEOUT', 0)
 
 
@@ -101,13 +122,13 @@ def test_cancel_while_queued(engine_rt):
     cancelled = engine_rt.service.cancel_job(job.id)
     assert (cancelled.lifecycle_status, cancelled.error_code) == ('cancelled', 'CANCELLED')
     engine_rt.start_background()
-    time.sleep(0.5)                                   # the message is consumed, nothing runs
+    time.sleep(0.5)  # the message is consumed, nothing runs
     assert AiJob.get_by_id(job.id).lifecycle_status == 'cancelled' and usage_rows(job.id) == []
 
 
 def test_cancel_while_running_ends_cancelled_never_succeeded(engine_rt):
     engine_rt.start_background()
-    job = create_job(engine_rt, input={'sleepMs': 300_000})   # ends only if the cancel stops it
+    job = create_job(engine_rt, input={'sleepMs': 300_000})  # ends only if the cancel stops it
     wait_until(lambda: AiJob.get_by_id(job.id).lifecycle_status == 'running')
     assert engine_rt.service.cancel_job(job.id).lifecycle_status == 'running'
     done = wait_terminal(engine_rt, job.id)
@@ -133,6 +154,7 @@ def test_background_queue_jobs_run_too(engine_rt):
 
 class FlakyProjector(ResultProjector):
     """Writes its artifact, then fails the first time: the transaction must roll back."""
+
     key = 'flaky'
 
     def __init__(self):
@@ -175,6 +197,9 @@ def test_a_projector_missing_in_this_process_fails_the_job_at_once(engine_rt):
     engine_rt.registry._definitions['synthetic'] = definition
     engine_rt.start_background()
     job = run_job(engine_rt)
-    assert (job.lifecycle_status, job.error_code, job.retry_count) == \
-        ('failed', 'INTERNAL_PROJECTOR_MISSING', 0)
-    assert usage_rows(job.id) == []                  # nothing was called
+    assert (job.lifecycle_status, job.error_code, job.retry_count) == (
+        'failed',
+        'INTERNAL_PROJECTOR_MISSING',
+        0,
+    )
+    assert usage_rows(job.id) == []  # nothing was called

@@ -1,21 +1,33 @@
-"""AiJobLifecycleRepository: the state machine of ADR §1 as compare-and-set writes."""
+"""AiJobLifecycleRepository: the state machine of contracts §1 as compare-and-set writes."""
+
 import itertools
 import time
 
 import pytest
 
-from engine.errors import (IllegalTransitionError, JobAlreadyCancelledError,
-                           JobCancelRequestedError, JobLockConflictError, JobNotCancellableError,
-                           ProviderError)
-from engine.lifecycle import ExpiredLockFence, Fence
-from engine.store import AiJob
+from engine.core.errors import (
+    IllegalTransitionError,
+    JobAlreadyCancelledError,
+    JobCancelRequestedError,
+    JobLockConflictError,
+    JobNotCancellableError,
+    ProviderError,
+)
+from engine.core.lifecycle import ExpiredLockFence, Fence
+from engine.core.models import AiJob
 from tests.helpers import create_job, row, run_threads
 
 STATES = ('queued', 'running', 'succeeded', 'failed', 'cancelled')
-# ADR §1.2, plus running → running as a lock takeover (DESIGN decision 4). Written out here, not
-# imported, so the test pins the specification rather than the code's own table.
-LEGAL = {('queued', 'running'), ('queued', 'cancelled'), ('running', 'running'),
-         ('running', 'succeeded'), ('running', 'failed'), ('running', 'cancelled')}
+# contracts §1.2, plus running → running as a lock takeover (architecture decision 4). Written out
+# here, not imported, so the test pins the specification rather than the code's own table.
+LEGAL = {
+    ('queued', 'running'),
+    ('queued', 'cancelled'),
+    ('running', 'running'),
+    ('running', 'succeeded'),
+    ('running', 'failed'),
+    ('running', 'cancelled'),
+}
 
 
 def job_in_state(runtime, state):
@@ -27,7 +39,7 @@ def job_in_state(runtime, state):
     if state == 'cancelled':
         return repo.mark_cancelled(job.id)
     job = repo.lock_job(job.id, 'worker-1', lock_ttl_ms=1)
-    time.sleep(0.02)                     # the lock expires: a takeover is possible
+    time.sleep(0.02)  # the lock expires: a takeover is possible
     fence = Fence('worker-1', job.attempt_no)
     if state == 'succeeded':
         return repo.mark_succeeded(job.id, fence=fence, output_hash='h')
@@ -42,8 +54,9 @@ def attempt(repo, job, to_status):
         if job.lifecycle_status != 'running':
             return repo.transition(job.id, 'cancelled')
         repo.request_cancel(job.id)
-    return repo.transition(job.id, to_status, instance_id='worker-2', fence=fence,
-                           error=ProviderError('boom'))
+    return repo.transition(
+        job.id, to_status, instance_id='worker-2', fence=fence, error=ProviderError('boom')
+    )
 
 
 @pytest.mark.parametrize('from_status,to_status', list(itertools.product(STATES, STATES)))
@@ -71,7 +84,8 @@ def test_lock_job_sets_lock_fields_from_the_database_clock(runtime):
 def test_eight_threads_racing_for_one_job_one_wins(runtime):
     job = create_job(runtime)
     results, errors = run_threads(
-        8, lambda i: runtime.lifecycle.lock_job(job.id, 'worker-%d' % i), runtime.store)
+        8, lambda i: runtime.lifecycle.lock_job(job.id, 'worker-%d' % i), runtime.store
+    )
     winners = [r for r in results if r is not None]
     assert len(winners) == 1
     assert all(isinstance(e, JobLockConflictError) for e in errors if e is not None)
@@ -87,7 +101,7 @@ def test_a_live_lock_cannot_be_taken_over(runtime):
 
 
 def test_takeover_stops_when_the_queue_attempts_are_used(runtime):
-    job = create_job(runtime)                       # ai-interactive: 2 attempts
+    job = create_job(runtime)  # ai-interactive: 2 attempts
     for worker in ('worker-1', 'worker-2'):
         runtime.lifecycle.lock_job(job.id, worker, lock_ttl_ms=1)
         time.sleep(0.02)
@@ -103,14 +117,20 @@ def test_a_zombie_cannot_finish_a_job_taken_over(runtime):
     time.sleep(0.02)
     second = repo.lock_job(job.id, 'worker-2')
     zombie = Fence('worker-1', first.attempt_no)
-    for write in (lambda: repo.mark_succeeded(job.id, fence=zombie),
-                  lambda: repo.mark_failed(job.id, ProviderError('x'), fence=zombie),
-                  lambda: repo.extend_lock(job.id, zombie),
-                  lambda: repo.set_progress(job.id, zombie, 50)):
+    for write in (
+        lambda: repo.mark_succeeded(job.id, fence=zombie),
+        lambda: repo.mark_failed(job.id, ProviderError('x'), fence=zombie),
+        lambda: repo.extend_lock(job.id, zombie),
+        lambda: repo.set_progress(job.id, zombie, 50),
+    ):
         with pytest.raises(JobLockConflictError):
             write()
     current = AiJob.get_by_id(job.id)
-    assert (current.lifecycle_status, current.locked_by, current.progress) == ('running', 'worker-2', 0)
+    assert (current.lifecycle_status, current.locked_by, current.progress) == (
+        'running',
+        'worker-2',
+        0,
+    )
     assert repo.mark_succeeded(job.id, fence=Fence('worker-2', second.attempt_no)).progress == 100
 
 
@@ -120,7 +140,7 @@ def test_heartbeat_extends_the_lock_and_reports_a_cancel_request(runtime):
     fence = Fence('worker-1', job.attempt_no)
     extended = repo.extend_lock(job.id, fence, lock_ttl_ms=60_000)
     assert extended.lock_until > job.lock_until and extended.cancel_requested_at is None
-    repo.mark_cancelled(job.id)                    # owner cancels a running job
+    repo.mark_cancelled(job.id)  # owner cancels a running job
     assert repo.extend_lock(job.id, fence).cancel_requested_at is not None
 
 
@@ -130,9 +150,9 @@ def test_cancel_while_running_is_a_request_until_the_engine_finishes_it(runtime)
     fence = Fence('worker-1', job.attempt_no)
     requested = repo.mark_cancelled(job.id)
     assert requested.lifecycle_status == 'running' and requested.cancel_requested_at
-    assert repo.mark_cancelled(job.id).lifecycle_status == 'running'       # idempotent
+    assert repo.mark_cancelled(job.id).lifecycle_status == 'running'  # idempotent
     with pytest.raises(JobCancelRequestedError):
-        repo.mark_succeeded(job.id, fence=fence)                           # never succeeded
+        repo.mark_succeeded(job.id, fence=fence)  # never succeeded
     done = repo.mark_cancelled(job.id, fence=fence)
     assert (done.lifecycle_status, done.error_code) == ('cancelled', 'CANCELLED')
     with pytest.raises(JobAlreadyCancelledError):
@@ -155,10 +175,11 @@ def test_find_expired_locks_and_the_reaper_fence(runtime):
     expired = repo.find_expired_locks(threshold_ms=20)
     assert [job.id for job in expired] == [dead.id]
     assert repo.find_expired_locks(threshold_ms=60_000) == []
-    with pytest.raises(JobLockConflictError):       # the live lock is not reapable
+    with pytest.raises(JobLockConflictError):  # the live lock is not reapable
         repo.mark_failed(live.id, ProviderError('x'), fence=ExpiredLockFence(live.attempt_no, 20))
-    failed = repo.mark_failed(dead.id, ProviderError('lost'),
-                              fence=ExpiredLockFence(dead.attempt_no, 20))
+    failed = repo.mark_failed(
+        dead.id, ProviderError('lost'), fence=ExpiredLockFence(dead.attempt_no, 20)
+    )
     assert failed.lifecycle_status == 'failed'
 
 
@@ -167,8 +188,10 @@ def test_find_by_lifecycle_status(runtime):
     queued = create_job(runtime, target_id='a')
     running = repo.lock_job(create_job(runtime, target_id='b').id, 'worker-1')
     assert [j.id for j in repo.find_by_lifecycle_status(['queued'])] == [queued.id]
-    assert {j.id for j in repo.find_by_lifecycle_status(['queued', 'running'])} == \
-        {queued.id, running.id}
+    assert {j.id for j in repo.find_by_lifecycle_status(['queued', 'running'])} == {
+        queued.id,
+        running.id,
+    }
     assert repo.find_by_lifecycle_status(['running'], queue_name='ai-background') == []
 
 

@@ -1,5 +1,6 @@
 """The OpenAI-compatible provider against a real HTTP server on loopback that speaks the
 chat-completions protocol with SSE streaming (tests/fake_openai.py)."""
+
 import json
 import socket
 import threading
@@ -7,29 +8,52 @@ import time
 
 import pytest
 
-from engine.errors import (ContentSafetyError, CredentialError, JobCancelledError, JobTimeoutError,
-                           OutputValidationError, ProviderError, ProviderRequestError)
-from engine.flashcards import FLASHCARD_JOB_DEFINITION
-from engine.openai_provider import OpenAICompatibleProvider, retry_after_seconds
-from engine.providers import CallContext, Credential, ProviderRequest
+from engine.core.errors import (
+    ContentSafetyError,
+    CredentialError,
+    JobCancelledError,
+    JobTimeoutError,
+    OutputValidationError,
+    ProviderError,
+    ProviderRequestError,
+)
+from engine.execution.openai_client import OpenAICompatibleProvider, retry_after_seconds
+from engine.execution.prompts import default_library
+from engine.execution.providers import CallContext, Credential, ProviderRequest
+from engine.jobtypes.flashcards import FLASHCARD_JOB_DEFINITION, FLASHCARDS_V1
 from tests.fake_openai import Reply, error_reply, json_reply
 
-CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'},
-                   {'question': 'Capital of Italy?', 'answer': 'Rome'}]}
+CARDS = {
+    'cards': [
+        {'question': 'Capital of France?', 'answer': 'Paris'},
+        {'question': 'Capital of Italy?', 'answer': 'Rome'},
+    ]
+}
 API_KEY = 'sk-test-0123456789abcdef'
 
 
 @pytest.fixture
 def provider(fake):
-    return OpenAICompatibleProvider(fake.base_url, 'fake-model', read_timeout_s=5.0)
+    prompts = default_library()
+    prompts.add(FLASHCARDS_V1)  # what the flashcards plugin registers
+    return OpenAICompatibleProvider(
+        fake.base_url, 'fake-model', prompts=prompts, read_timeout_s=5.0
+    )
 
 
-def request(attempt=1, prompt_version=None, api_key=API_KEY, text='Paris is the capital of France.'):
-    return ProviderRequest(job_id='job-1', job_type='flashcard_generation', attempt=attempt,
-                           input={'text': text, 'maxCards': 3},
-                           definition=FLASHCARD_JOB_DEFINITION,
-                           credential=Credential('platform_key', api_key),
-                           model='fake-model', prompt_version=prompt_version)
+def request(
+    attempt=1, prompt_version=None, api_key=API_KEY, text='Paris is the capital of France.'
+):
+    return ProviderRequest(
+        job_id='job-1',
+        job_type='flashcard_generation',
+        attempt=attempt,
+        input={'text': text, 'maxCards': 3},
+        definition=FLASHCARD_JOB_DEFINITION,
+        credential=Credential('platform_key', api_key),
+        model='fake-model',
+        prompt_version=prompt_version,
+    )
 
 
 def context(seconds=5.0):
@@ -55,7 +79,7 @@ def test_the_call_streams_json_mode_with_the_key_and_the_rendered_prompt(fake, p
     assert sent['_headers']['authorization'] == 'Bearer ' + API_KEY
     assert 'Paris is the capital of France.' in sent['messages'][-1]['content']
     assert 'at most 3 flashcards' in sent['messages'][-1]['content']
-    assert '"cards"' in sent['messages'][0]['content']      # the output schema is in the prompt
+    assert '"cards"' in sent['messages'][0]['content']  # the output schema is in the prompt
 
 
 def test_without_reported_usage_the_tokens_are_estimated(fake, provider):
@@ -69,41 +93,68 @@ def test_a_json_answer_in_a_markdown_fence_is_accepted(fake, provider):
     assert provider.generate(request(), context()).output == CARDS
 
 
-# ---------------------------------------------------------------- failure classes (ADR §5.2)
+# ---------------------------------------------------------------- failure classes (contracts §5.2)
 FAILURES = [
-    (error_reply(429, 'slow down', headers={'Retry-After': '7'}), ProviderError,
-     'PROVIDER_RATE_LIMITED', True),
+    (
+        error_reply(429, 'slow down', headers={'Retry-After': '7'}),
+        ProviderError,
+        'PROVIDER_RATE_LIMITED',
+        True,
+    ),
     (error_reply(500, 'boom'), ProviderError, 'PROVIDER_ERROR', True),
     (error_reply(503, 'overloaded'), ProviderError, 'PROVIDER_UNAVAILABLE', True),
     (error_reply(401, 'bad key'), CredentialError, 'CREDENTIAL_INVALID', False),
     (error_reply(403, 'forbidden'), CredentialError, 'CREDENTIAL_INVALID', False),
-    (error_reply(400, "This model's maximum context length is 65536 tokens",
-                 code='context_length_exceeded'),
-     ProviderRequestError, 'PROVIDER_BAD_REQUEST_CONTEXT_LENGTH', False),
+    (
+        error_reply(
+            400,
+            "This model's maximum context length is 65536 tokens",
+            code='context_length_exceeded',
+        ),
+        ProviderRequestError,
+        'PROVIDER_BAD_REQUEST_CONTEXT_LENGTH',
+        False,
+    ),
     (error_reply(400, 'unknown parameter'), ProviderRequestError, 'PROVIDER_BAD_REQUEST', False),
     (error_reply(404, 'no such model'), ProviderRequestError, 'PROVIDER_BAD_REQUEST', False),
-    (Reply(content='', finish_reason='content_filter'), ContentSafetyError,
-     'CONTENT_SAFETY_BLOCKED', False),
-    (Reply(content='', refusal='I cannot help with that.'), ContentSafetyError,
-     'CONTENT_SAFETY_BLOCKED', False),
+    (
+        Reply(content='', finish_reason='content_filter'),
+        ContentSafetyError,
+        'CONTENT_SAFETY_BLOCKED',
+        False,
+    ),
+    (
+        Reply(content='', refusal='I cannot help with that.'),
+        ContentSafetyError,
+        'CONTENT_SAFETY_BLOCKED',
+        False,
+    ),
     (Reply(content='{"cards": [', finish_reason=None), ProviderError, 'PROVIDER_ERROR', True),
     (Reply(content='Here are your cards: none'), OutputValidationError, 'VALIDATION_JSON', True),
     (Reply(content='[1, 2, 3]'), OutputValidationError, 'VALIDATION_JSON', True),
-    (Reply(content='{"cards": [', finish_reason='length'), OutputValidationError,
-     'VALIDATION_JSON', True),
+    (
+        Reply(content='{"cards": [', finish_reason='length'),
+        OutputValidationError,
+        'VALIDATION_JSON',
+        True,
+    ),
 ]
 
 
-@pytest.mark.parametrize('reply, error_class, code, retryable', FAILURES,
-                         ids=[f[2] + '-' + str(i) for i, f in enumerate(FAILURES)])
-def test_each_failure_maps_to_its_class_code_and_retryability(fake, provider, reply, error_class,
-                                                              code, retryable):
+@pytest.mark.parametrize(
+    'reply, error_class, code, retryable',
+    FAILURES,
+    ids=[f[2] + '-' + str(i) for i, f in enumerate(FAILURES)],
+)
+def test_each_failure_maps_to_its_class_code_and_retryability(
+    fake, provider, reply, error_class, code, retryable
+):
     fake.script(reply)
     with pytest.raises(error_class) as caught:
         provider.generate(request(), context())
     assert caught.value.code == code
     assert caught.value.retryable is retryable
-    assert len(fake.requests) == 1               # the client never retries: the engine does
+    assert len(fake.requests) == 1  # the client never retries: the engine does
 
 
 def test_rate_limiting_keeps_retry_after_for_the_engine_backoff(fake, provider):
@@ -128,7 +179,7 @@ def test_a_failure_after_the_stream_carries_the_usage_it_consumed(fake, provider
 
 
 def test_a_server_that_refuses_connections_is_unavailable():
-    with socket.socket() as probe:                  # a loopback port nobody listens on
+    with socket.socket() as probe:  # a loopback port nobody listens on
         probe.bind(('127.0.0.1', 0))
         port = probe.getsockname()[1]
     provider = OpenAICompatibleProvider('http://127.0.0.1:%d/v1' % port, 'm')
@@ -144,7 +195,7 @@ def test_a_silent_connection_times_out_as_a_retryable_provider_timeout(fake):
     with pytest.raises(ProviderError) as caught:
         provider.generate(request(), context(seconds=10))
     assert caught.value.code == 'PROVIDER_TIMEOUT' and caught.value.retryable
-    assert time.monotonic() - started < 5          # the read timeout, not the 20 s silence
+    assert time.monotonic() - started < 5  # the read timeout, not the 20 s silence
 
 
 def test_a_missing_key_fails_before_any_request(fake, provider):
@@ -160,7 +211,7 @@ def test_the_deadline_passing_mid_stream_stops_the_call_and_hangs_up(fake, provi
     started = time.monotonic()
     with pytest.raises(JobTimeoutError):
         provider.generate(request(), context(seconds=0.7))
-    assert time.monotonic() - started < 5          # the 0.7 s deadline, not the 20 s stream
+    assert time.monotonic() - started < 5  # the 0.7 s deadline, not the 20 s stream
     assert fake.client_closed.wait(2)
 
 
@@ -177,7 +228,7 @@ def test_cancelling_a_slow_stream_stops_it_promptly_and_closes_the_connection(fa
     threading.Thread(target=cancel_soon).start()
     with pytest.raises(JobCancelledError):
         provider.generate(request(), ctx)
-    assert time.monotonic() - cancelled_at[0] < 3     # not the rest of the 8 s stream
+    assert time.monotonic() - cancelled_at[0] < 3  # not the rest of the 8 s stream
     assert fake.client_closed.wait(2)
 
 
@@ -188,7 +239,7 @@ def test_cancelling_while_the_server_is_silent_hangs_up_at_once(fake, provider):
     started = time.monotonic()
     with pytest.raises(JobCancelledError):
         provider.generate(request(), ctx)
-    assert time.monotonic() - started < 5          # not the 20 s silence
+    assert time.monotonic() - started < 5  # not the 20 s silence
     assert fake.client_closed.wait(2)
 
 

@@ -1,8 +1,9 @@
-"""OutboxRepository (ADR §4): CAS claims, attempt counting, expired claims."""
+"""OutboxRepository (contracts §4): CAS claims, attempt counting, expired claims."""
+
 import time
 
-from engine.outbox import DEAD, PENDING, PROCESSING
-from engine.store import OutboxEvent
+from engine.core.models import OutboxEvent
+from engine.core.outbox import DEAD, PENDING, PROCESSING
 from tests.helpers import create_job, run_threads
 
 
@@ -24,7 +25,10 @@ def test_two_claimers_race_and_one_wins(runtime):
     event = one_event(runtime)
     for _ in range(5):
         results, errors = run_threads(
-            2, lambda i: runtime.outbox.mark_processing(event.id, 'dispatcher-%d' % i), runtime.store)
+            2,
+            lambda i: runtime.outbox.mark_processing(event.id, 'dispatcher-%d' % i),
+            runtime.store,
+        )
         assert errors == [None, None] and sorted(results) == [False, True]
         winner = 'dispatcher-%d' % results.index(True)
         claimed = OutboxEvent.get_by_id(event.id)
@@ -38,7 +42,9 @@ def test_three_failures_make_an_event_dead(runtime):
     statuses = []
     for _ in range(3):
         assert runtime.outbox.mark_processing(event.id, 'd1')
-        statuses.append(runtime.outbox.mark_failed(event.id, 'd1', 'DISPATCH_FAILED', retry_delay_ms=0))
+        statuses.append(
+            runtime.outbox.mark_failed(event.id, 'd1', 'DISPATCH_FAILED', retry_delay_ms=0)
+        )
     assert statuses == [PENDING, PENDING, DEAD]
     dead = OutboxEvent.get_by_id(event.id)
     assert (dead.status, dead.attempt_count, dead.last_error) == (DEAD, 3, 'DISPATCH_FAILED')
@@ -75,6 +81,11 @@ def test_a_duplicate_dedupe_key_returns_the_existing_event(runtime):
     event = one_event(runtime)
     with runtime.store.atomic() as tx:
         again = runtime.outbox.create_in_transaction(
-            tx, event_type='ai.job.enqueue', aggregate_type='AiJob', aggregate_id='other',
-            dedupe_key=event.dedupe_key, payload={})
+            tx,
+            event_type='ai.job.enqueue',
+            aggregate_type='AiJob',
+            aggregate_id='other',
+            dedupe_key=event.dedupe_key,
+            payload={},
+        )
     assert again.id == event.id and OutboxEvent.select().count() == 1

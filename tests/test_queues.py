@@ -1,4 +1,5 @@
 """The queue contract, run against RedisQueue and MemoryQueue alike."""
+
 import json
 import threading
 import time
@@ -6,8 +7,10 @@ import time
 import pytest
 import redis
 
-from engine.errors import QueueUnavailableError
-from engine.queues import Message, MemoryQueue, RedisQueue
+from engine.core.errors import QueueUnavailableError
+from engine.dispatch.memory_queue import MemoryQueue
+from engine.dispatch.queue import Message
+from engine.dispatch.redis_queue import RedisQueue
 from tests.conftest import REDIS_URL, delete_redis_keys, require_servers
 
 
@@ -65,7 +68,7 @@ def test_queues_are_separate(queue):
 def test_ack_forgets_the_message_so_it_can_be_published_again(queue):
     queue.push(message('j1'))
     [delivery] = drain(queue)
-    assert queue.has_entry(message('j1'))           # being processed still counts as live
+    assert queue.has_entry(message('j1'))  # being processed still counts as live
     queue.ack(delivery)
     assert not queue.has_entry(message('j1'))
     assert queue.push(message('j1')) is True
@@ -86,9 +89,9 @@ def test_a_dead_consumers_messages_are_recovered(queue):
     assert queue.pop('ai-interactive', 'dead-consumer', timeout_s=0.1).message.job_id == 'j1'
     queue.push(message('j2'))
     assert queue.pop('ai-interactive', 'live-consumer', timeout_s=0.1).message.job_id == 'j2'
-    assert queue.recover_orphans() == 0              # the dead one's heartbeat has not expired
+    assert queue.recover_orphans() == 0  # the dead one's heartbeat has not expired
     time.sleep(0.1)
-    assert queue.recover_orphans() == 1              # only the dead consumer's message moves
+    assert queue.recover_orphans() == 1  # only the dead consumer's message moves
     assert [d.message.job_id for d in drain(queue, consumer='c3')] == ['j1']
 
 
@@ -106,8 +109,14 @@ def test_cancel_signals(queue):
 def test_messages_carry_ids_only(queue):
     queue.push(message('j1', priority=7))
     [delivery] = drain(queue)
-    assert set(json.loads(delivery.raw)) == \
-        {'jobId', 'jobType', 'queueName', 'priority', 'idempotencyKey', 'createdAt'}
+    assert set(json.loads(delivery.raw)) == {
+        'jobId',
+        'jobType',
+        'queueName',
+        'priority',
+        'idempotencyKey',
+        'createdAt',
+    }
 
 
 def test_redis_errors_become_the_engines_own_error():

@@ -1,5 +1,6 @@
-"""Crash recovery with real worker processes (DESIGN decisions 1, 3, 4): kill -9 mid-job, zombie
-workers, a Redis that loses its data, and the ordered SIGTERM shutdown."""
+"""Crash recovery with real worker processes (architecture decisions 1, 3 and 4): kill -9 mid-job,
+zombie workers, a Redis that loses its data, and the ordered SIGTERM shutdown."""
+
 import os
 import signal
 import subprocess
@@ -9,8 +10,8 @@ import time
 
 import pytest
 
-from engine.execution import ExecutionEngine
-from engine.store import AiJob, AiJobArtifact
+from engine.core.models import AiJob, AiJobArtifact
+from engine.execution.engine import ExecutionEngine
 from tests.conftest import REDIS_URL, delete_redis_keys, require_servers
 from tests.engine_support import FAST_SETTINGS, wait_terminal
 from tests.helpers import create_job, wait_until
@@ -34,11 +35,20 @@ class WorkerProcess:
     def __init__(self, env, **extra):
         self.log_path = '/tmp/aijob-test-worker-%d.log' % time.monotonic_ns()
         self.log = open(self.log_path, 'wb')
-        self.proc = subprocess.Popen([sys.executable, 'aijob.py', 'worker'], cwd=ROOT,
-                                     env={**os.environ, **env, **extra},
-                                     stdout=self.log, stderr=self.log)
-        wait_until(lambda: b'worker started' in open(self.log_path, 'rb').read()
-                   or self.proc.poll() is not None, timeout=20)
+        self.proc = subprocess.Popen(
+            [sys.executable, 'aijob.py', 'worker'],
+            cwd=ROOT,
+            env={**os.environ, **env, **extra},
+            stdout=self.log,
+            stderr=self.log,
+        )
+        wait_until(
+            lambda: (
+                b'worker.started' in open(self.log_path, 'rb').read()
+                or self.proc.poll() is not None
+            ),
+            timeout=20,
+        )
         assert self.proc.poll() is None, open(self.log_path).read()
 
     def owns(self, job):
@@ -55,7 +65,7 @@ class WorkerProcess:
             self.proc.kill()
             self.proc.wait(10)
         self.log.close()
-        if os.environ.get("KEEP_WORKER_LOGS") is None:
+        if os.environ.get('KEEP_WORKER_LOGS') is None:
             os.unlink(self.log_path)
 
 
@@ -90,15 +100,22 @@ def test_a_killed_worker_s_job_is_taken_over_by_another(shared_rt, workers):
 
 
 def test_a_job_whose_attempts_are_used_up_fails_worker_lost(shared_rt, workers):
-    job = create_job(shared_rt, input={'sleepMs': 20_000})      # ai-interactive: 2 attempts
+    job = create_job(shared_rt, input={'sleepMs': 20_000})  # ai-interactive: 2 attempts
     for _ in range(2):
         worker = workers(shared_rt.env)
-        wait_until(lambda: running_on(worker, job.id), timeout=30)
+        wait_until(lambda w=worker: running_on(w, job.id), timeout=30)
         worker.kill()
-    wait_until(lambda: shared_rt.reaper.sweep() and AiJob.get_by_id(job.id).lifecycle_status != 'running',
-               timeout=30, interval=0.2)
+    wait_until(
+        lambda: shared_rt.reaper.sweep() and AiJob.get_by_id(job.id).lifecycle_status != 'running',
+        timeout=30,
+        interval=0.2,
+    )
     done = AiJob.get_by_id(job.id)
-    assert (done.lifecycle_status, done.error_code, done.attempt_no) == ('failed', 'INTERNAL_WORKER_LOST', 2)
+    assert (done.lifecycle_status, done.error_code, done.attempt_no) == (
+        'failed',
+        'INTERNAL_WORKER_LOST',
+        2,
+    )
 
 
 def test_sigterm_lets_a_running_job_finish_then_exits(shared_rt, workers):
@@ -117,7 +134,7 @@ def test_sigterm_hands_back_what_outlives_the_grace_period(shared_rt, workers):
     worker.kill(signal.SIGTERM)
     assert worker.wait(15) == 0
     handed_back = AiJob.get_by_id(job.id)
-    assert handed_back.lifecycle_status == 'running'               # never running → queued
+    assert handed_back.lifecycle_status == 'running'  # never running → queued
     successor = workers(shared_rt.env)
     done = wait_terminal(shared_rt, job.id, timeout=30)
     assert (done.lifecycle_status, done.attempt_no) == ('succeeded', 2) and successor.owns(done)
@@ -134,16 +151,21 @@ def test_a_second_sigterm_exits_at_once(shared_rt, workers):
 
 
 def test_the_worker_refuses_to_start_without_redis(backend):
-    result = subprocess.run([sys.executable, 'aijob.py', 'worker'], cwd=ROOT, timeout=60,
-                            env=dict(os.environ, **backend.env(AIJOB_REDIS_URL='')),
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, 'aijob.py', 'worker'],
+        cwd=ROOT,
+        timeout=60,
+        env=dict(os.environ, **backend.env(AIJOB_REDIS_URL='')),
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
     assert 'AIJOB_REDIS_URL' in result.stderr and 'Traceback' not in result.stderr
     assert result.stderr.strip().count('\n') == 0
 
 
 def test_a_zombie_whose_lock_was_taken_over_cannot_succeed(engine_rt):
-    job = create_job(engine_rt, input={'sleepMs': 2500})      # lock TTL 1.5 s, no heartbeat
+    job = create_job(engine_rt, input={'sleepMs': 2500})  # lock TTL 1.5 s, no heartbeat
     zombie, successor = (ExecutionEngine(engine_rt, name) for name in ('worker-a', 'worker-b'))
     outcome = {}
 
@@ -154,7 +176,7 @@ def test_a_zombie_whose_lock_was_taken_over_cannot_succeed(engine_rt):
     first = threading.Thread(target=run, args=(zombie, 'zombie'))
     first.start()
     wait_until(lambda: AiJob.get_by_id(job.id).lifecycle_status == 'running')
-    time.sleep(1.7)                                            # the zombie's lock expires
+    time.sleep(1.7)  # the zombie's lock expires
     run(successor, 'successor')
     first.join(10)
     assert outcome == {'zombie': None, 'successor': 'succeeded'}
@@ -166,8 +188,8 @@ def test_a_zombie_whose_lock_was_taken_over_cannot_succeed(engine_rt):
 def test_jobs_survive_a_queue_that_lost_its_data(engine_rt, backend):
     engine_rt.service.dispatch_now = None
     jobs = [create_job(engine_rt, user_id='u%d' % i, target_id=str(i)) for i in range(20)]
-    assert engine_rt.dispatcher.cycle() == 20                  # published to the queue …
-    if engine_rt.config.uses_redis:                            # … which then loses everything
+    assert engine_rt.dispatcher.cycle() == 20  # published to the queue …
+    if engine_rt.config.uses_redis:  # … which then loses everything
         delete_redis_keys(backend.prefix)
     else:
         engine_rt.queue.clear()

@@ -2,13 +2,15 @@
 
 schema.sql is applied to one database and the models create their tables in another; the two are
 then compared through information_schema: columns, types, NULL-ability, unique keys and indexes."""
+
 from urllib.parse import urlsplit
 
 import peewee
 import pymysql
 import pytest
 
-from engine.store import MODELS, database, default_schema_path, split_sql
+from engine.core.models import MODELS, database
+from engine.core.store import default_schema_path, split_sql
 from tests.conftest import MYSQL_URL, require_servers
 
 
@@ -16,9 +18,13 @@ from tests.conftest import MYSQL_URL, require_servers
 def mysql():
     require_servers('mysql')
     parts = urlsplit(MYSQL_URL)
-    conn = pymysql.connect(host=parts.hostname, port=parts.port or 3306,
-                           user=parts.username or 'root', password=parts.password or '',
-                           autocommit=True)
+    conn = pymysql.connect(
+        host=parts.hostname,
+        port=parts.port or 3306,
+        user=parts.username or 'root',
+        password=parts.password or '',
+        autocommit=True,
+    )
     base = parts.path.strip('/')
     names = (base + '_schema_sql', base + '_schema_models')
     with conn.cursor() as cursor:
@@ -34,15 +40,23 @@ def mysql():
 
 def describe(conn, schema):
     with conn.cursor() as cursor:
-        cursor.execute('SELECT TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, EXTRA '
-                       'FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s', (schema,))
+        cursor.execute(
+            'SELECT TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, EXTRA '
+            'FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s',
+            (schema,),
+        )
         columns = set(cursor.fetchall())
-        cursor.execute('SELECT TABLE_NAME, INDEX_NAME, NON_UNIQUE, '
-                       'GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX) '
-                       'FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s '
-                       'GROUP BY TABLE_NAME, INDEX_NAME, NON_UNIQUE', (schema,))
-        indexes = {(t, 'PRIMARY' if name == 'PRIMARY' else 'key', non_unique, cols)
-                   for t, name, non_unique, cols in cursor.fetchall()}
+        cursor.execute(
+            'SELECT TABLE_NAME, INDEX_NAME, NON_UNIQUE, '
+            'GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX) '
+            'FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s '
+            'GROUP BY TABLE_NAME, INDEX_NAME, NON_UNIQUE',
+            (schema,),
+        )
+        indexes = {
+            (t, 'PRIMARY' if name == 'PRIMARY' else 'key', non_unique, cols)
+            for t, name, non_unique, cols in cursor.fetchall()
+        }
     return columns, indexes
 
 
@@ -53,8 +67,13 @@ def test_schema_sql_matches_the_models(mysql):
         for statement in split_sql(open(default_schema_path()).read()):
             cursor.execute(statement)
     parts = urlsplit(MYSQL_URL)
-    model_db = peewee.MySQLDatabase(models_db, host=parts.hostname, port=parts.port or 3306,
-                                    user=parts.username or 'root', password=parts.password or '')
+    model_db = peewee.MySQLDatabase(
+        models_db,
+        host=parts.hostname,
+        port=parts.port or 3306,
+        user=parts.username or 'root',
+        password=parts.password or '',
+    )
     previous = database.obj
     database.initialize(model_db)
     try:

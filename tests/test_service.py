@@ -1,9 +1,15 @@
-"""AiJobService.create_job (ADR §2.4): one transaction, idempotency, validation before writes."""
+"""AiJobService.create_job (contracts §2.4): one transaction, idempotency, validation before
+writes."""
+
 import pytest
 
-from engine.errors import (IdempotencyKeyReusedError, InvalidInputError, InvalidRequestError,
-                           UnknownJobTypeError)
-from engine.store import AiJob, AiJobSnapshot, OutboxEvent
+from engine.core.errors import (
+    IdempotencyKeyReusedError,
+    InvalidInputError,
+    InvalidRequestError,
+    UnknownJobTypeError,
+)
+from engine.core.models import AiJob, AiJobSnapshot, OutboxEvent
 from tests.helpers import new_request, run_threads
 
 
@@ -15,25 +21,38 @@ def test_create_writes_job_snapshot_and_enqueue_event(runtime):
     result = runtime.service.create_job(new_request(key='k1', input={'sleepMs': 5}))
     job = result.job
     assert result.created and job.lifecycle_status == 'queued'
-    assert (job.queue_name, job.priority, job.credential_mode) == ('ai-interactive', 50, 'platform_key')
+    assert (job.queue_name, job.priority, job.credential_mode) == (
+        'ai-interactive',
+        50,
+        'platform_key',
+    )
     assert job.created_at is not None and job.max_retry_count == 2
     assert runtime.service.snapshot(job.id) == {'input': {'sleepMs': 5}, 'overrides': {}}
     event = OutboxEvent.get(OutboxEvent.aggregate_id == job.id)
     # With a shared queue (Redis) the creating process publishes its event at once.
     expected_status = 'published' if runtime.config.uses_redis else 'pending'
-    assert (event.event_type, event.aggregate_type, event.status) == ('ai.job.enqueue', 'AiJob',
-                                                                       expected_status)
+    assert (event.event_type, event.aggregate_type, event.status) == (
+        'ai.job.enqueue',
+        'AiJob',
+        expected_status,
+    )
     assert event.dedupe_key == 'synthetic:user-a:k1'
-    assert event.payload == {'jobId': job.id, 'jobType': 'synthetic',
-                             'queueName': 'ai-interactive', 'priority': 50}
+    assert event.payload == {
+        'jobId': job.id,
+        'jobType': 'synthetic',
+        'queueName': 'ai-interactive',
+        'priority': 50,
+    }
 
 
 def test_without_a_key_every_call_is_a_new_job_and_the_dedupe_key_is_the_job_id(runtime):
     first = runtime.service.create_job(new_request()).job
     second = runtime.service.create_job(new_request()).job
     assert first.id != second.id
-    assert OutboxEvent.get(OutboxEvent.aggregate_id == first.id).dedupe_key == \
-        'synthetic:user-a:%s' % first.id
+    assert (
+        OutboxEvent.get(OutboxEvent.aggregate_id == first.id).dedupe_key
+        == 'synthetic:user-a:%s' % first.id
+    )
 
 
 def test_same_key_same_request_returns_the_existing_job(runtime):
@@ -59,8 +78,10 @@ def test_the_key_is_scoped_per_user_and_job_type(runtime):
 
 def test_fifty_threads_with_one_key_make_one_job(runtime):
     results, errors = run_threads(
-        50, lambda i: runtime.service.create_job(new_request(key='race', input={'x': 1})),
-        runtime.store)
+        50,
+        lambda i: runtime.service.create_job(new_request(key='race', input={'x': 1})),
+        runtime.store,
+    )
     assert errors == [None] * 50
     assert len({r.job.id for r in results}) == 1
     assert sum(r.created for r in results) == 1
@@ -70,24 +91,31 @@ def test_fifty_threads_with_one_key_make_one_job(runtime):
 def test_a_failure_between_job_and_outbox_leaves_neither(runtime, monkeypatch):
     def explode(*args, **kwargs):
         raise RuntimeError('injected between the job insert and the outbox insert')
+
     monkeypatch.setattr(runtime.outbox, 'create_in_transaction', explode)
     with pytest.raises(RuntimeError):
         runtime.service.create_job(new_request(key='k1'))
     assert counts() == (0, 0, 0)
 
 
-@pytest.mark.parametrize('request_kwargs,error,field', [
-    ({'job_type': 'nope'}, UnknownJobTypeError, None),
-    ({'input': {'sleepMs': -1}}, InvalidInputError, 'input.sleepMs'),
-    ({'input': {'failWith': 'NOT_A_CODE'}}, InvalidInputError, 'input.failWith'),
-    ({'user_id': ''}, InvalidRequestError, 'userId'),
-    ({'target_id': ''}, InvalidRequestError, 'targetId'),
-    ({'key': 'x' * 256}, InvalidRequestError, 'idempotencyKey'),
-    ({'overrides': {'priority': 101}}, InvalidRequestError, 'overrides.priority'),
-    ({'overrides': {'status': 'succeeded'}}, InvalidRequestError, 'overrides.status'),
-    ({'overrides': {'credentialMode': 'user_deepseek_key'}}, InvalidRequestError,
-     'overrides.credentialMode'),
-])
+@pytest.mark.parametrize(
+    'request_kwargs,error,field',
+    [
+        ({'job_type': 'nope'}, UnknownJobTypeError, None),
+        ({'input': {'sleepMs': -1}}, InvalidInputError, 'input.sleepMs'),
+        ({'input': {'failWith': 'NOT_A_CODE'}}, InvalidInputError, 'input.failWith'),
+        ({'user_id': ''}, InvalidRequestError, 'userId'),
+        ({'target_id': ''}, InvalidRequestError, 'targetId'),
+        ({'key': 'x' * 256}, InvalidRequestError, 'idempotencyKey'),
+        ({'overrides': {'priority': 101}}, InvalidRequestError, 'overrides.priority'),
+        ({'overrides': {'status': 'succeeded'}}, InvalidRequestError, 'overrides.status'),
+        (
+            {'overrides': {'credentialMode': 'user_deepseek_key'}},
+            InvalidRequestError,
+            'overrides.credentialMode',
+        ),
+    ],
+)
 def test_invalid_requests_write_nothing(runtime, request_kwargs, error, field):
     with pytest.raises(error) as raised:
         runtime.service.create_job(new_request(**request_kwargs))
@@ -97,7 +125,8 @@ def test_invalid_requests_write_nothing(runtime, request_kwargs, error, field):
 
 
 def test_overrides_set_priority_and_versions(runtime):
-    job = runtime.service.create_job(new_request(
-        overrides={'priority': 5, 'promptVersion': 'v2', 'outputSchemaVersion': 's2'})).job
+    job = runtime.service.create_job(
+        new_request(overrides={'priority': 5, 'promptVersion': 'v2', 'outputSchemaVersion': 's2'})
+    ).job
     assert (job.priority, job.prompt_version, job.output_schema_version) == (5, 'v2', 's2')
     assert OutboxEvent.get(OutboxEvent.aggregate_id == job.id).payload['priority'] == 5

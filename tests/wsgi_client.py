@@ -1,6 +1,7 @@
 """A small in-process WSGI client for the API tests, and the OpenAPI check it applies to every
 response: the status must be documented for that operation and the body must validate against
 the documented schema. No response may show a traceback, an exception name, a path or SQL."""
+
 import io
 import json
 import re
@@ -9,9 +10,11 @@ from urllib.parse import urlencode
 
 import jsonschema
 
-# What must never reach a client (issue 4, ADR §8.3).
-LEAK = re.compile(r'Traceback|File "|\.py\b|\b[A-Z][A-Za-z]*(Error|Exception)\b|'
-                  r'\bSELECT\b|\bINSERT\b|\bUPDATE `|/work/|site-packages')
+# What must never reach a client.
+LEAK = re.compile(
+    r'Traceback|File "|\.py\b|\b[A-Z][A-Za-z]*(Error|Exception)\b|'
+    r'\bSELECT\b|\bINSERT\b|\bUPDATE `|/work/|site-packages'
+)
 
 
 class Response:
@@ -37,8 +40,10 @@ class OpenApiCheck:
 
     def __init__(self, document):
         self.document = document
-        self.paths = [(re.compile('^' + re.sub(r'\{[^}]+\}', '[^/]+', path) + '$'), path)
-                      for path in document['paths']]
+        self.paths = [
+            (re.compile('^' + re.sub(r'\{[^}]+\}', '[^/]+', path) + '$'), path)
+            for path in document['paths']
+        ]
         self.checked = 0
 
     def operation(self, method, path):
@@ -56,7 +61,11 @@ class OpenApiCheck:
         else:
             documented = operation['responses'].get(str(response.status))
             assert documented is not None, 'undocumented %d for %s %s: %r' % (
-                response.status, method, template, response)
+                response.status,
+                method,
+                template,
+                response,
+            )
             schema = documented.get('content', {}).get('application/json', {}).get('schema')
             if schema is not None:
                 assert response.headers.get('content-type', '').startswith('application/json')
@@ -76,18 +85,28 @@ class WsgiClient:
         self.token = token
         self.check = check
 
-    def request(self, method, path, json_body=None, body=None, headers=None, query=None,
-                content_type=None):
+    def request(
+        self, method, path, json_body=None, body=None, headers=None, query=None, content_type=None
+    ):
         if json_body is not None:
             body = json.dumps(json_body).encode('utf-8')
             content_type = content_type or 'application/json'
         body = body or b''
         environ = {
-            'REQUEST_METHOD': method, 'PATH_INFO': path, 'SCRIPT_NAME': '',
-            'QUERY_STRING': urlencode(query or {}), 'SERVER_NAME': 'test', 'SERVER_PORT': '80',
-            'SERVER_PROTOCOL': 'HTTP/1.1', 'wsgi.version': (1, 0), 'wsgi.url_scheme': 'http',
-            'wsgi.input': io.BytesIO(body), 'wsgi.errors': sys.stderr,
-            'wsgi.multithread': True, 'wsgi.multiprocess': False, 'wsgi.run_once': False,
+            'REQUEST_METHOD': method,
+            'PATH_INFO': path,
+            'SCRIPT_NAME': '',
+            'QUERY_STRING': urlencode(query or {}),
+            'SERVER_NAME': 'test',
+            'SERVER_PORT': '80',
+            'SERVER_PROTOCOL': 'HTTP/1.1',
+            'wsgi.version': (1, 0),
+            'wsgi.url_scheme': 'http',
+            'wsgi.input': io.BytesIO(body),
+            'wsgi.errors': sys.stderr,
+            'wsgi.multithread': True,
+            'wsgi.multiprocess': False,
+            'wsgi.run_once': False,
             'CONTENT_LENGTH': str(len(body)) if body else '',
         }
         if content_type:

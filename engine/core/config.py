@@ -1,0 +1,365 @@
+"""Every setting, declared once: environment name, default, validation and help.
+
+``Config.from_env()`` parses them all at start-up; a bad value raises ``ConfigError`` with one
+line that names the variable, which the CLI prints instead of a traceback.
+"""
+
+import base64
+import binascii
+import json
+import os
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from .errors import ConfigError
+
+
+# ---------------------------------------------------------------- value parsers
+def database_url(value):
+    parts = urlsplit(value)
+    if (
+        parts.scheme == 'sqlite'
+        and value.startswith('sqlite:///')
+        and len(value) > len('sqlite:///')
+    ):
+        return value
+    if parts.scheme in ('mysql', 'mariadb') and parts.hostname and parts.path.strip('/'):
+        return value
+    raise ValueError('expected sqlite:///PATH or mysql://USER:PASS@HOST:PORT/DB')
+
+
+def redis_url(value):
+    if value == '':
+        return None
+    parts = urlsplit(value)
+    if parts.scheme in ('redis', 'rediss', 'unix') and (parts.hostname or parts.path):
+        return value
+    raise ValueError('expected redis://HOST:PORT/DB, or empty for the in-memory queue')
+
+
+def positive_int(value):
+    number = int(value)
+    if number <= 0:
+        raise ValueError('expected a whole number above 0')
+    return number
+
+
+def non_negative_int(value):
+    number = int(value)
+    if number < 0:
+        raise ValueError('expected a whole number, 0 or more')
+    return number
+
+
+def port_number(value):
+    number = int(value)
+    if not 1 <= number <= 65535:
+        raise ValueError('expected a TCP port, 1-65535')
+    return number
+
+
+def module_list(value):
+    names = [name.strip() for name in value.split(',') if name.strip()]
+    for name in names:
+        if not re.match(r'^[A-Za-z_][\w.]*$', name):
+            raise ValueError('%r is not a module name' % name)
+    return tuple(names)
+
+
+def http_url_or_empty(value):
+    if value == '':
+        return None
+    parts = urlsplit(value)
+    if parts.scheme in ('http', 'https') and parts.hostname:
+        return value.rstrip('/')
+    raise ValueError('expected http(s)://HOST[:PORT]/PATH, or empty for no provider')
+
+
+def non_empty_text(value):
+    if not value.strip():
+        raise ValueError('expected a non-empty value')
+    return value.strip()
+
+
+def secret_or_empty(value):
+    return value or None
+
+
+def master_key_or_empty(value):
+    """The 32-byte AES-256 key from its base64 text (None when unset)."""
+    if value == '':
+        return None
+    try:
+        key = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError('expected base64 text') from None
+    if len(key) != 32:
+        raise ValueError('expected base64 of exactly 32 bytes, got %d bytes' % len(key))
+    return key
+
+
+def json_object_or_empty(value):
+    """A JSON object (None when unset); its entries are checked by the part that uses it."""
+    if value == '':
+        return None
+    parsed = _json(value)
+    if not isinstance(parsed, dict):
+        raise ValueError('expected a JSON object')
+    return parsed
+
+
+def json_string_list_or_empty(value):
+    """A JSON array of non-empty strings (None when unset)."""
+    if value == '':
+        return None
+    parsed = _json(value)
+    if not isinstance(parsed, list) or not all(isinstance(p, str) and p for p in parsed):
+        raise ValueError('expected a JSON array of non-empty strings')
+    return tuple(parsed)
+
+
+def _json(value):
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise ValueError('not valid JSON') from None
+
+
+def key_prefix(value):
+    if not re.match(r'^[A-Za-z0-9_.:-]{1,64}$', value):
+        raise ValueError('expected 1-64 letters, digits or _.:-')
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    env: str
+    default: str
+    parse: callable
+    help: str
+    secret: bool = False  # may hold a password or key: never echoed in an error
+
+    @property
+    def attr(self):
+        return self.env[len('AIJOB_') :].lower()
+
+
+SETTINGS = (
+    Setting(
+        'AIJOB_DATABASE_URL',
+        'sqlite:///aijob.db',
+        database_url,
+        'The store: sqlite:///PATH (embedded default) or mysql://USER:PASS@HOST:PORT/DB.',
+        secret=True,
+    ),
+    Setting(
+        'AIJOB_REDIS_URL',
+        '',
+        redis_url,
+        'Redis for the queues (redis://HOST:PORT/DB). Unset: the in-memory queue, one process '
+        'only.',
+        secret=True,
+    ),
+    Setting(
+        'AIJOB_REDIS_PREFIX', 'aijob', key_prefix, 'Prefix of every Redis key this service writes.'
+    ),
+    Setting(
+        'AIJOB_DEFINITIONS',
+        '',
+        module_list,
+        'Comma-separated modules whose register(registry) adds application job definitions.',
+    ),
+    Setting(
+        'AIJOB_DB_POOL_SIZE', '32', positive_int, 'Most MySQL connections one process keeps open.'
+    ),
+    Setting(
+        'AIJOB_LOCK_TTL_MS', '60000', positive_int, 'How long a job lock lasts without a heartbeat.'
+    ),
+    Setting(
+        'AIJOB_HEARTBEAT_MS',
+        '30000',
+        positive_int,
+        'How often a running job extends its lock and checks for cancellation.',
+    ),
+    Setting(
+        'AIJOB_REAP_AFTER_MS',
+        '90000',
+        positive_int,
+        'A running job whose lock expired this long ago is taken over or failed; also the '
+        'TTL of a consumer heartbeat key.',
+    ),
+    Setting(
+        'AIJOB_REAPER_INTERVAL_MS',
+        '30000',
+        positive_int,
+        'How often the reaper looks for expired job locks.',
+    ),
+    Setting(
+        'AIJOB_OUTBOX_LOCK_TTL_MS',
+        '60000',
+        positive_int,
+        'An outbox event claimed (processing) longer than this is released to pending.',
+    ),
+    Setting(
+        'AIJOB_OUTBOX_POLL_MS',
+        '1000',
+        positive_int,
+        'How often the dispatcher polls the outbox (immediate dispatch is the fast path).',
+    ),
+    Setting(
+        'AIJOB_OUTBOX_RELEASE_MS',
+        '30000',
+        positive_int,
+        'How often the dispatcher releases expired outbox claims.',
+    ),
+    Setting(
+        'AIJOB_RECONCILE_AFTER_MS',
+        '60000',
+        positive_int,
+        'A job queued longer than this with no live queue entry is published again.',
+    ),
+    Setting(
+        'AIJOB_INTERACTIVE_CONCURRENCY',
+        '2',
+        positive_int,
+        'Worker threads for the ai-interactive queue.',
+    ),
+    Setting(
+        'AIJOB_BACKGROUND_CONCURRENCY',
+        '1',
+        positive_int,
+        'Worker threads for the ai-background queue.',
+    ),
+    Setting(
+        'AIJOB_SHUTDOWN_GRACE_MS',
+        '30000',
+        positive_int,
+        'On SIGTERM, how long running jobs may finish before they are handed back.',
+    ),
+    # ---- HTTP API
+    Setting(
+        'AIJOB_PORT', '8000', port_number, 'TCP port of `serve` and `web` when --port is not given.'
+    ),
+    Setting(
+        'AIJOB_WEB_WORKERS',
+        '4',
+        positive_int,
+        'gunicorn worker processes of `web` when --workers is not given.',
+    ),
+    Setting(
+        'AIJOB_WEB_THREADS',
+        '8',
+        positive_int,
+        'Threads per gunicorn worker (each holds at most one database connection, so keep '
+        'it at or below AIJOB_DB_POOL_SIZE).',
+    ),
+    Setting(
+        'AIJOB_MAX_ACTIVE_JOBS_PER_USER',
+        '100',
+        non_negative_int,
+        'Most queued or running jobs one user may have (TOO_MANY_JOBS beyond); 0: no limit.',
+    ),
+    Setting(
+        'AIJOB_DAILY_JOB_QUOTA',
+        '10000',
+        non_negative_int,
+        'Most jobs one user may create per UTC day (QUOTA_EXCEEDED beyond); 0: no limit.',
+    ),
+    Setting(
+        'AIJOB_MAX_BODY_BYTES',
+        '1048576',
+        positive_int,
+        'Largest request body the API accepts (413 beyond).',
+    ),
+    Setting(
+        'AIJOB_STATUS_WAIT_POLL_MS',
+        '100',
+        positive_int,
+        'How often GET /api/ai/jobs/{id}?waitMs= re-reads the job while it waits for a change.',
+    ),
+    # ---- AI providers, credentials, safety and pricing
+    Setting(
+        'AIJOB_PROVIDER_BASE_URL',
+        '',
+        http_url_or_empty,
+        'OpenAI-compatible API (https://api.deepseek.com, http://127.0.0.1:8080/v1, ...). '
+        'Unset: only the offline synthetic provider exists.',
+    ),
+    Setting(
+        'AIJOB_PROVIDER_MODEL',
+        'deepseek-chat',
+        non_empty_text,
+        'Model the OpenAI-compatible provider asks for.',
+    ),
+    Setting(
+        'AIJOB_PROVIDER_READ_TIMEOUT_MS',
+        '60000',
+        positive_int,
+        'A provider connection silent this long (no byte) fails the call PROVIDER_TIMEOUT, '
+        'retryable; the job deadline (timeoutMs) bounds every call as well.',
+    ),
+    Setting(
+        'AIJOB_PLATFORM_API_KEY',
+        '',
+        secret_or_empty,
+        'The platform key (credentialMode platform_key) for the OpenAI-compatible provider; '
+        'never stored in the database. Unset: platform_key jobs get PLATFORM_UNAVAILABLE.',
+        secret=True,
+    ),
+    Setting(
+        'AIJOB_CREDENTIAL_MASTER_KEY',
+        '',
+        master_key_or_empty,
+        'Base64 of 32 random bytes: the AES-256-GCM key of stored user API keys. Unset: '
+        'users cannot register keys. Generate one with: python -c "import os, base64; '
+        'print(base64.b64encode(os.urandom(32)).decode())"',
+        secret=True,
+    ),
+    Setting(
+        'AIJOB_PRICE_TABLE',
+        '',
+        json_object_or_empty,
+        'JSON prices per model ("*" = any other), e.g. {"deepseek-chat": {"prompt": "0.27", '
+        '"completion": "1.10", "per": 1000000}}. Unset: every call costs 0.',
+    ),
+    Setting(
+        'AIJOB_CONTENT_SAFETY_PATTERNS',
+        '',
+        json_string_list_or_empty,
+        'JSON array of case-insensitive regular expressions that block job input and output '
+        'when a definition asks for a safety check. Unset: block private keys only.',
+    ),
+)
+
+
+class Config:
+    """Parsed settings as attributes: ``AIJOB_DATABASE_URL`` → ``config.database_url``."""
+
+    def __init__(self, values):
+        self.__dict__.update(values)
+
+    @classmethod
+    def from_env(cls, environ=None, **overrides):
+        """Parse every setting from ``environ`` (default ``os.environ``); ``overrides`` are raw
+        strings by env name and win over the environment (tests use them)."""
+        environ = dict(os.environ if environ is None else environ)
+        environ.update(overrides)
+        values = {}
+        for setting in SETTINGS:
+            raw = environ.get(setting.env, setting.default)
+            try:
+                values[setting.attr] = setting.parse(raw)
+            except (TypeError, ValueError) as exc:
+                shown = setting.env if setting.secret else '%s=%r' % (setting.env, raw)
+                raise ConfigError('%s is invalid: %s (%s)' % (shown, exc, setting.help)) from None
+        return cls(values)
+
+    @property
+    def uses_redis(self):
+        return self.redis_url is not None
+
+
+def describe():
+    """Help text for every setting, for ``aijob.py config``."""
+    return '\n'.join('%-32s default %-22r %s' % (s.env, s.default, s.help) for s in SETTINGS)

@@ -1,0 +1,319 @@
+"""One root error for the engine; every error carries its public code, HTTP status and retryability.
+
+Callers branch on attributes (``code``, ``retryable``, ``http_status``), never on long ``except``
+ladders. ``public_message`` is safe to show to an end user; ``str(error)`` may hold internals and
+is only for logs without job content and for SUPER_ADMIN (contracts §7.4, §8.3).
+"""
+
+
+class AiJobError(Exception):
+    code = 'INTERNAL_ERROR'
+    http_status = 500
+    retryable = False
+    public_message = 'The request could not be processed.'
+
+    def __init__(self, message=None, *, public_message=None):
+        super().__init__(message or self.public_message)
+        if public_message is not None:
+            self.public_message = public_message
+
+
+# ---------------------------------------------------------------- configuration and start-up
+class ConfigError(AiJobError):
+    code = 'CONFIG_INVALID'
+
+
+# ---------------------------------------------------------------- registry (contracts §2.2)
+class RegistryError(AiJobError):
+    code = 'DEFINITION_INVALID'
+
+
+class DuplicateJobDefinitionError(RegistryError):
+    code = 'DEFINITION_DUPLICATE'
+
+
+class InvalidJobTypeError(RegistryError):
+    code = 'DEFINITION_INVALID_JOB_TYPE'
+
+
+class InvalidQueueError(RegistryError):
+    code = 'DEFINITION_INVALID_QUEUE'
+
+
+class InvalidTimeoutError(RegistryError):
+    code = 'DEFINITION_INVALID_TIMEOUT'
+
+
+class InvalidPriorityError(RegistryError):
+    code = 'DEFINITION_INVALID_PRIORITY'
+
+
+class InvalidRetryPolicyError(RegistryError):
+    code = 'DEFINITION_INVALID_RETRY_POLICY'
+
+
+class InvalidCredentialPolicyError(RegistryError):
+    code = 'DEFINITION_INVALID_CREDENTIAL_POLICY'
+
+
+class InvalidDefinitionError(RegistryError):
+    """Any other rule of a definition (domain, schemas, projector key)."""
+
+
+class UnknownJobTypeError(AiJobError):
+    code = 'UNKNOWN_JOB_TYPE'
+    http_status = 400
+
+    def __init__(self, job_type):
+        super().__init__(
+            'unknown jobType %r' % (job_type,), public_message='Unknown jobType %r.' % (job_type,)
+        )
+        self.job_type = job_type
+
+
+# ---------------------------------------------------------------- requests
+class InvalidRequestError(AiJobError):
+    code = 'INVALID_REQUEST'
+    http_status = 400
+    public_message = 'The request is invalid.'
+
+    def __init__(self, message, *, field=None):
+        super().__init__(message, public_message=message)
+        self.field = field
+
+
+class InvalidInputError(InvalidRequestError):
+    code = 'INVALID_INPUT'
+
+
+class IdempotencyKeyReusedError(AiJobError):
+    code = 'IDEMPOTENCY_KEY_REUSED'
+    http_status = 422
+    public_message = (
+        'This idempotency key was already used with a different request; '
+        'use a new key for a new request.'
+    )
+
+    def __init__(self, job_id):
+        super().__init__('idempotency key reused with a different request (job %s)' % job_id)
+        self.job_id = job_id
+
+
+class TooManyJobsError(AiJobError):
+    code = 'TOO_MANY_JOBS'
+    http_status = 429
+    public_message = 'Too many unfinished jobs; wait for some to finish.'
+    retry_after_s = 5
+
+
+class QuotaExceededError(AiJobError):
+    code = 'QUOTA_EXCEEDED'
+    http_status = 429
+    public_message = 'Daily job quota used up.'
+
+    def __init__(self, retry_after_s):
+        super().__init__()
+        self.retry_after_s = retry_after_s
+
+
+class PlatformUnavailableError(AiJobError):
+    code = 'PLATFORM_UNAVAILABLE'
+    http_status = 503
+    public_message = 'The AI platform is unavailable; try again later.'
+    retry_after_s = 30
+
+
+# ---------------------------------------------------------------- jobs and the state machine (§1)
+class JobNotFoundError(AiJobError):
+    code = 'JOB_NOT_FOUND'
+    http_status = 404
+    public_message = 'Job not found.'
+
+    def __init__(self, job_id):
+        super().__init__('job %s not found' % (job_id,))
+        self.job_id = job_id
+
+
+class IllegalTransitionError(AiJobError):
+    """An edge that contracts §1.3 forbids; nothing was written."""
+
+    code = 'ILLEGAL_TRANSITION'
+    http_status = 409
+    public_message = 'The job is not in a state that allows this.'
+
+    def __init__(self, job_id, from_status, to_status):
+        super().__init__(
+            'job %s: %s -> %s is not a legal transition' % (job_id, from_status, to_status)
+        )
+        self.job_id, self.from_status, self.to_status = job_id, from_status, to_status
+
+
+class JobNotCancellableError(IllegalTransitionError):
+    code = 'JOB_NOT_CANCELLABLE'
+    public_message = 'The job has already finished and cannot be cancelled.'
+
+
+class JobAlreadyCancelledError(IllegalTransitionError):
+    code = 'JOB_ALREADY_CANCELLED'
+    public_message = 'The job has already been cancelled.'
+
+
+class JobNotRetryableError(AiJobError):
+    """An admin retry of a job that did not fail or was not cancelled, or whose snapshot is gone."""
+
+    code = 'JOB_NOT_RETRYABLE'
+    http_status = 409
+    public_message = 'Only a failed or cancelled job whose input is still kept can be retried.'
+
+
+class JobLockConflictError(AiJobError):
+    """A compare-and-set lost: another worker holds the lock, or this worker's fence is stale."""
+
+    code = 'JOB_LOCK_CONFLICT'
+    http_status = 409
+    public_message = 'The job is being processed elsewhere.'
+
+    def __init__(self, job_id, reason='lock held by another worker'):
+        super().__init__('job %s: %s' % (job_id, reason))
+        self.job_id = job_id
+
+
+class JobCancelRequestedError(JobLockConflictError):
+    """The job may not succeed: its owner asked to cancel it while it ran."""
+
+    def __init__(self, job_id):
+        super().__init__(job_id, 'cancel requested')
+
+
+# ---------------------------------------------------------------- infrastructure at the edges
+class StoreUnavailableError(AiJobError):
+    code = 'PLATFORM_UNAVAILABLE'
+    http_status = 503
+    retryable = True
+    public_message = 'The service is temporarily unavailable; try again later.'
+
+
+class QueueUnavailableError(AiJobError):
+    """The queue backend could not be reached (a Redis outage); callers back off."""
+
+    code = 'INTERNAL_QUEUE_UNAVAILABLE'
+    http_status = 503
+    retryable = True
+    public_message = 'The service is temporarily unavailable; try again later.'
+
+
+# -------------------------------------------------------------- execution failures (contracts §5.2)
+class JobFailure(AiJobError):
+    """One attempt of a job failed. ``code`` is one of contracts §5.2's classes; the engine decides,
+    from ``retryable`` alone, whether to try again."""
+
+    code = 'INTERNAL_ERROR'
+    retryable = False
+    public_message = 'The job failed.'
+
+    def __init__(self, message=None, *, code=None, public_message=None, retry_after_s=None):
+        super().__init__(message, public_message=public_message)
+        if code is not None:
+            self.code = code
+        self.retry_after_s = retry_after_s
+
+
+class ProviderError(JobFailure):
+    code = 'PROVIDER_ERROR'
+    retryable = True
+    public_message = 'The AI provider did not answer properly; please try again later.'
+
+
+class ProviderRequestError(JobFailure):
+    """The provider rejected the request itself (400, context too long): retrying cannot help."""
+
+    code = 'PROVIDER_BAD_REQUEST'
+    retryable = False
+    public_message = 'The AI provider rejected the request.'
+
+
+class OutputValidationError(JobFailure):
+    code = 'VALIDATION_SCHEMA'
+    retryable = True
+    public_message = 'The AI output was not in the expected format.'
+
+
+class ContentSafetyError(JobFailure):
+    code = 'CONTENT_SAFETY_BLOCKED'
+    retryable = False
+    public_message = 'The content was blocked by the safety policy.'
+
+
+class JobTimeoutError(JobFailure):
+    code = 'TIMEOUT'
+    retryable = False  # the definition's abortStrategy decides; see ExecutionEngine
+    public_message = 'The job took too long and was stopped.'
+
+
+class CredentialError(JobFailure):
+    code = 'CREDENTIAL_INVALID'
+    retryable = False
+    public_message = 'The API key for this job is missing or invalid.'
+
+
+class CredentialNotFoundError(CredentialError):
+    """No such credential, or it belongs to another user (the two are indistinguishable)."""
+
+    code = 'CREDENTIAL_NOT_FOUND'
+    public_message = 'The API key chosen for this job does not exist.'
+
+
+class CredentialUndecryptableError(CredentialError):
+    """The stored ciphertext does not open under this master key (rotated or wrong key)."""
+
+    code = 'CREDENTIAL_UNDECRYPTABLE'
+    public_message = 'The API key chosen for this job can no longer be used; register it again.'
+
+
+class CredentialStorageUnavailableError(AiJobError):
+    code = 'CREDENTIAL_STORAGE_UNAVAILABLE'
+    http_status = 503
+    public_message = 'Storing API keys is not enabled on this server.'
+
+
+class JobCancelledError(JobFailure):
+    code = 'CANCELLED'
+    retryable = False
+    public_message = 'The job was cancelled.'
+
+
+class InternalJobError(JobFailure):
+    code = 'INTERNAL_ERROR'
+    retryable = True  # at most once: the engine caps INTERNAL_* retries at one
+    public_message = 'An internal error occurred.'
+
+
+class MisconfiguredJobError(InternalJobError):
+    """This process lacks what the job needs (its job type, provider or projector): no retry
+    of the same call can succeed."""
+
+    retryable = False
+
+
+_FAILURE_PREFIXES = (
+    ('PROVIDER_BAD_REQUEST', ProviderRequestError),
+    ('PROVIDER_', ProviderError),
+    ('VALIDATION_', OutputValidationError),
+    ('CONTENT_SAFETY_', ContentSafetyError),
+    ('TIMEOUT', JobTimeoutError),
+    ('CREDENTIAL_', CredentialError),
+    ('CANCELLED', JobCancelledError),
+    ('INTERNAL_', InternalJobError),
+)
+
+
+def failure_for_code(code, message=None):
+    """The typed failure for a contracts §5.2 error code (``PROVIDER_RATE_LIMITED`` →
+    ProviderError)."""
+    for prefix, cls in _FAILURE_PREFIXES:
+        if code.startswith(prefix):
+            return cls(message or code, code=code)
+    raise ValueError('not a contracts §5.2 error code: %r' % (code,))
+
+
+FAILURE_CODE_PREFIXES = tuple(prefix for prefix, _ in _FAILURE_PREFIXES)

@@ -1,0 +1,270 @@
+"""The tables of schema.sql as peewee models, the ids rows get, and the canonical hash of their
+JSON contents.
+
+Models are bound to ``database`` (a proxy) so one process can point them at SQLite or MySQL once
+configuration is known (see store.py).
+"""
+
+import datetime
+import hashlib
+import json
+import os
+import time
+import uuid
+
+import peewee
+from peewee import (
+    BigAutoField,
+    CharField,
+    DateTimeField,
+    DecimalField,
+    IntegerField,
+    Model,
+    TextField,
+)
+
+database = peewee.DatabaseProxy()
+
+
+def new_id():
+    """A time-ordered UUID (48-bit milliseconds, then 80 random bits), so ids sort by creation
+    and B-tree inserts stay at the right edge."""
+    millis = int(time.time() * 1000) & ((1 << 48) - 1)
+    raw = (millis << 80) | int.from_bytes(os.urandom(10), 'big')
+    raw = (raw & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    raw = (raw & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    return str(uuid.UUID(int=raw))
+
+
+# ---------------------------------------------------------------- field types
+class Timestamp(DateTimeField):
+    """DATETIME(6), UTC, written from the database clock."""
+
+    field_type = 'DATETIME(6)'
+
+    def db_value(self, value):
+        # SQLite keeps times as text at the clock's millisecond precision; a Python datetime
+        # compared with them must be written the same way, or '….123' < '….123000'.
+        if isinstance(value, datetime.datetime) and isinstance(database.obj, peewee.SqliteDatabase):
+            return value.strftime('%Y-%m-%d %H:%M:%S.') + '%03d' % (value.microsecond // 1000)
+        return super().db_value(value)
+
+
+class JSONText(TextField):
+    """JSON kept as LONGTEXT (MariaDB's JSON is LONGTEXT anyway; SQLite has no JSON type)."""
+
+    field_type = 'LONGTEXT'
+
+    def db_value(self, value):
+        if value is None:
+            return None
+        return json.dumps(value, separators=(',', ':'), ensure_ascii=False)
+
+    def python_value(self, value):
+        return None if value is None else json.loads(value)
+
+
+class BaseModel(Model):
+    class Meta:
+        database = database
+        legacy_table_names = False
+
+
+# ----------------------------------------------------------- tables (docs/architecture.md, "Store")
+class AiJob(BaseModel):
+    id = CharField(max_length=36, primary_key=True)
+    lifecycle_status = CharField(max_length=16)
+    queue_name = CharField(max_length=32)
+    priority = IntegerField()
+    progress = IntegerField(default=0)
+    user_id = CharField(max_length=64)
+    job_type = CharField(max_length=64)
+    target_type = CharField(max_length=64)
+    target_id = CharField(max_length=128)
+    idempotency_key = CharField(max_length=255, null=True)
+    request_fingerprint = CharField(max_length=64)
+    credential_mode = CharField(max_length=32)
+    credential_id = CharField(max_length=36, null=True)
+    prompt_version = CharField(max_length=32, null=True)
+    output_schema_version = CharField(max_length=32, null=True)
+    locked_by = CharField(max_length=64, null=True)
+    locked_at = Timestamp(null=True)
+    lock_until = Timestamp(null=True)
+    attempt_no = IntegerField(default=0)
+    retry_count = IntegerField(default=0)
+    max_retry_count = IntegerField(default=0)
+    cancel_requested_at = Timestamp(null=True)
+    started_at = Timestamp(null=True)
+    finished_at = Timestamp(null=True)
+    error_code = CharField(max_length=64, null=True)
+    public_error_message = CharField(max_length=512, null=True)
+    internal_error_message = TextField(null=True)
+    output_hash = CharField(max_length=64, null=True)
+    retry_of_job_id = CharField(max_length=36, null=True)
+    created_at = Timestamp()
+    updated_at = Timestamp()
+
+    class Meta:
+        table_name = 'ai_job'
+        indexes = (
+            (('user_id', 'job_type', 'idempotency_key'), True),
+            (('lifecycle_status', 'lock_until'), False),  # reaper
+            (('lifecycle_status', 'created_at'), False),  # reconciler, admin filter
+            (('user_id', 'lifecycle_status'), False),  # per-user active-job limit
+            (('user_id', 'created_at'), False),  # daily quota, user listing
+            (('job_type', 'created_at'), False),  # admin filter
+            (('queue_name', 'created_at'), False),  # admin filter
+            (('created_at',), False),  # admin range
+            (('retry_of_job_id',), False),
+        )
+
+
+class AiJobSnapshot(BaseModel):
+    """What the job runs on: the validated input and overrides, frozen at creation
+    (contracts §8.4)."""
+
+    id = BigAutoField()
+    job_id = CharField(max_length=36, unique=True)
+    content = JSONText()
+    redaction_version = IntegerField(default=1)
+    expires_at = Timestamp(null=True)
+    created_at = Timestamp()
+
+    class Meta:
+        table_name = 'ai_job_snapshot'
+        indexes = ((('expires_at',), False),)
+
+
+class AiArtifact(BaseModel):
+    """A JSON result written by the built-in projector; business projectors may use own tables."""
+
+    id = CharField(max_length=36, primary_key=True)
+    job_id = CharField(max_length=36)
+    artifact_type = CharField(max_length=64)
+    content = JSONText()
+    content_hash = CharField(max_length=64)
+    created_at = Timestamp()
+
+    class Meta:
+        table_name = 'ai_artifact'
+        indexes = ((('job_id',), False),)
+
+
+class AiJobArtifact(BaseModel):
+    """Links a job to what its projector wrote (contracts §6.3: unique per job, type and
+    artifact)."""
+
+    id = BigAutoField()
+    job_id = CharField(max_length=36)
+    artifact_type = CharField(max_length=64)
+    artifact_id = CharField(max_length=64)
+    ordinal = IntegerField(default=0)
+    created_at = Timestamp()
+
+    class Meta:
+        table_name = 'ai_job_artifact'
+        indexes = ((('job_id', 'artifact_type', 'artifact_id'), True),)
+
+
+class OutboxEvent(BaseModel):
+    id = BigAutoField()
+    event_type = CharField(max_length=64)
+    aggregate_type = CharField(max_length=64)
+    aggregate_id = CharField(max_length=64)
+    dedupe_key = CharField(max_length=255, unique=True)
+    payload = JSONText()
+    status = CharField(max_length=16)
+    attempt_count = IntegerField(default=0)
+    available_at = Timestamp()
+    locked_by = CharField(max_length=64, null=True)
+    locked_at = Timestamp(null=True)
+    last_error = CharField(max_length=512, null=True)
+    created_at = Timestamp()
+    updated_at = Timestamp()
+
+    class Meta:
+        table_name = 'outbox_event'
+        indexes = (
+            (('status', 'available_at'), False),  # find_dispatchable
+            (('status', 'locked_at'), False),  # release_expired_locks
+            (('aggregate_id',), False),
+        )
+
+
+class AiUsageLog(BaseModel):
+    id = BigAutoField()
+    job_id = CharField(max_length=36)
+    user_id = CharField(max_length=64)
+    job_type = CharField(max_length=64)
+    attempt_no = IntegerField()
+    credential_mode = CharField(max_length=32)
+    provider = CharField(max_length=64)
+    model = CharField(max_length=128)
+    prompt_tokens = IntegerField(default=0)
+    completion_tokens = IntegerField(default=0)
+    cost = DecimalField(max_digits=14, decimal_places=6, default=0)
+    latency_ms = IntegerField(default=0)
+    error_code = CharField(max_length=64, null=True)
+    created_at = Timestamp()
+
+    class Meta:
+        table_name = 'ai_usage_log'
+        indexes = (
+            (('job_id',), False),
+            (('user_id', 'created_at'), False),
+            (('job_type', 'created_at'), False),
+            (('created_at',), False),
+        )
+
+
+class UserModelCredential(BaseModel):
+    """A user's provider key, AES-256-GCM encrypted; only ``masked_key`` is ever shown."""
+
+    id = CharField(max_length=36, primary_key=True)
+    user_id = CharField(max_length=64)
+    provider = CharField(max_length=64)
+    encrypted_key = TextField()
+    masked_key = CharField(max_length=32)
+    created_at = Timestamp()
+
+    class Meta:
+        table_name = 'user_model_credential'
+        indexes = ((('user_id',), False),)
+
+
+class ApiToken(BaseModel):
+    """A bearer token, stored as its SHA-256 only."""
+
+    id = BigAutoField()
+    token_hash = CharField(max_length=64, unique=True)
+    user_id = CharField(max_length=64)
+    role = CharField(max_length=16)
+    created_at = Timestamp()
+    revoked_at = Timestamp(null=True)
+
+    class Meta:
+        table_name = 'api_token'
+        indexes = ((('user_id',), False),)
+
+
+MODELS = (
+    AiJob,
+    AiJobSnapshot,
+    AiArtifact,
+    AiJobArtifact,
+    OutboxEvent,
+    AiUsageLog,
+    UserModelCredential,
+    ApiToken,
+)
+
+
+# ---------------------------------------------------------------- canonical JSON
+def canonical_json(value):
+    return json.dumps(
+        value, sort_keys=True, separators=(',', ':'), ensure_ascii=False, allow_nan=False
+    )
+
+
+def canonical_hash(value):
+    return hashlib.sha256(canonical_json(value).encode('utf-8')).hexdigest()

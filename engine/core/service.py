@@ -1,0 +1,349 @@
+"""AiJobService (contracts §2.4): the one way to create a job. The job row, its snapshot and its
+``ai.job.enqueue`` outbox event are written in one transaction; an idempotency key makes a replay
+return the first job instead of creating another."""
+
+import datetime
+from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
+
+import jsonschema
+
+from .errors import (
+    IdempotencyKeyReusedError,
+    InvalidInputError,
+    InvalidRequestError,
+    JobNotRetryableError,
+    QuotaExceededError,
+    TooManyJobsError,
+)
+from .lifecycle import CANCELLED, FAILED, QUEUED, RUNNING
+from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
+from .outbox import ENQUEUE_EVENT
+from .store import IntegrityError, db_today
+
+OVERRIDE_FIELDS = (
+    'priority',
+    'credentialMode',
+    'credentialId',
+    'promptVersion',
+    'outputSchemaVersion',
+)
+SNAPSHOT_TTL_MS = 30 * 24 * 3600 * 1000
+
+
+@dataclass
+class CreateJobInput:
+    user_id: str
+    job_type: str
+    target_type: str
+    target_id: str
+    input: dict = field(default_factory=dict)
+    idempotency_key: Optional[str] = None
+    overrides: dict = field(default_factory=dict)
+    retry_of_job_id: Optional[str] = None
+
+
+class CreateResult(NamedTuple):
+    job: AiJob
+    created: bool  # False: an idempotent replay returned the existing job
+
+
+class AiJobService:
+    def __init__(
+        self,
+        store,
+        registry,
+        lifecycle,
+        outbox,
+        *,
+        instance_id='service',
+        dispatch_now=None,
+        admission=None,
+        cancel_signal=None,
+    ):
+        self.store = store
+        self.registry = registry
+        self.lifecycle = lifecycle
+        self.outbox = outbox
+        self.instance_id = instance_id
+        # dispatch_now(event): pushes an event this instance claimed in the create transaction,
+        # right after commit (architecture decision 6). None: the dispatcher's polling picks it up.
+        self.dispatch_now = dispatch_now
+        # admission(request, definition): per-user limits, checked before anything is written.
+        self.admission = admission
+        # cancel_signal(job_id): the fast path telling a running job's worker to stop (the
+        # ``job:cancel:{jobId}`` key); the database flag stays the source of truth.
+        self.cancel_signal = cancel_signal
+
+    def create_job(self, request):
+        definition = self.registry.get(request.job_type)
+        overrides = validate_request(definition, request)
+        fingerprint = request_fingerprint(request, overrides)
+        if request.idempotency_key is not None:
+            existing = self._find_by_key(request)
+            if existing is not None:
+                return self._replay(existing, fingerprint)
+        if self.admission is not None:
+            self.admission(request, definition)
+        try:
+            job, event = self.store.run_in_transaction(
+                lambda tx: self._insert(tx, definition, request, overrides, fingerprint)
+            )
+        except IntegrityError:
+            # Lost the race for the same idempotency key (contracts §2.4, last bullet): the winner
+            # has committed; read it in a fresh transaction and answer as a replay.
+            existing = self._find_by_key(request) if request.idempotency_key is not None else None
+            if existing is None:
+                raise
+            return self._replay(existing, fingerprint)
+        if self.dispatch_now is not None:
+            self.dispatch_now(event)
+        return CreateResult(job, True)
+
+    def _insert(self, tx, definition, request, overrides, fingerprint):
+        job_id = new_id()
+        job = self.lifecycle.create_job(
+            tx,
+            job_id=job_id,
+            user_id=request.user_id,
+            job_type=definition.job_type,
+            queue_name=definition.queue.queue_name,
+            priority=overrides.get('priority', definition.queue.default_priority),
+            target_type=request.target_type,
+            target_id=request.target_id,
+            idempotency_key=request.idempotency_key,
+            request_fingerprint=fingerprint,
+            credential_mode=overrides.get('credentialMode', definition.credential.default_mode),
+            credential_id=overrides.get('credentialId'),
+            prompt_version=overrides.get('promptVersion'),
+            output_schema_version=overrides.get(
+                'outputSchemaVersion', definition.output.schema_version
+            ),
+            max_retry_count=definition.execution.max_retries,
+            retry_of_job_id=request.retry_of_job_id,
+        )
+        AiJobSnapshot.insert(
+            job_id=job_id,
+            content={'input': request.input, 'overrides': overrides},
+            redaction_version=1,
+            expires_at=self.store.now_plus_ms(SNAPSHOT_TTL_MS),
+            created_at=self.store.now(),
+        ).execute()
+        event = self.outbox.create_in_transaction(
+            tx,
+            event_type=ENQUEUE_EVENT,
+            aggregate_type='AiJob',
+            aggregate_id=job_id,
+            dedupe_key=enqueue_dedupe_key(request, job_id),
+            payload=enqueue_payload(job),
+            claimed_by=self.instance_id if self.dispatch_now is not None else None,
+        )
+        return job, event
+
+    def _find_by_key(self, request):
+        return AiJob.get_or_none(
+            (AiJob.user_id == request.user_id)
+            & (AiJob.job_type == request.job_type)
+            & (AiJob.idempotency_key == request.idempotency_key)
+        )
+
+    def _replay(self, existing, fingerprint):
+        if existing.request_fingerprint != fingerprint:
+            raise IdempotencyKeyReusedError(existing.id)
+        return CreateResult(existing, False)
+
+    def cancel_job(self, job_id):
+        """Owner's cancel: queued → cancelled at once; running → cancel requested, and the
+        worker is told. Raises JobNotCancellableError / JobAlreadyCancelledError when terminal."""
+        job = self.lifecycle.mark_cancelled(job_id)
+        if job.lifecycle_status == 'running' and self.cancel_signal is not None:
+            self.cancel_signal(job_id)
+        return job
+
+    def retry_job(self, job_id):
+        """Admin retry (contracts §7.1): a new job for the same user, target, input and overrides as
+        a failed or cancelled one, linked by ``retry_of_job_id``. The old job stays as it is."""
+        old = self.lifecycle.get(job_id)
+        if old.lifecycle_status not in (FAILED, CANCELLED):
+            raise JobNotRetryableError('job %s is %s' % (job_id, old.lifecycle_status))
+        snapshot = AiJobSnapshot.get_or_none(AiJobSnapshot.job_id == job_id)
+        if snapshot is None:
+            raise JobNotRetryableError('job %s has no snapshot left' % job_id)
+        return self.create_job(
+            CreateJobInput(
+                user_id=old.user_id,
+                job_type=old.job_type,
+                target_type=old.target_type,
+                target_id=old.target_id,
+                input=snapshot.content['input'],
+                overrides=snapshot.content.get('overrides') or {},
+                retry_of_job_id=old.id,
+            )
+        ).job
+
+    def snapshot(self, job_id):
+        """The frozen ``{"input", "overrides"}`` a job runs on."""
+        return AiJobSnapshot.get(AiJobSnapshot.job_id == job_id).content
+
+
+def enqueue_payload(job):
+    """contracts §8.5: the event carries ids only — no user, credential or snapshot content."""
+    return {
+        'jobId': job.id,
+        'jobType': job.job_type,
+        'queueName': job.queue_name,
+        'priority': job.priority,
+    }
+
+
+def enqueue_dedupe_key(request, job_id):
+    """contracts §4.1: ``{jobType}:{userId}:{idempotencyKey}``, the job id standing in for the
+    key."""
+    return '%s:%s:%s' % (request.job_type, request.user_id, request.idempotency_key or job_id)
+
+
+def request_fingerprint(request, overrides):
+    """What makes two creations "the same request" for idempotency (architecture decision 7)."""
+    return canonical_hash(
+        {
+            'jobType': request.job_type,
+            'targetType': request.target_type,
+            'targetId': request.target_id,
+            'input': request.input,
+            'overrides': overrides,
+        }
+    )
+
+
+# ---------------------------------------------------------------- request validation
+def validate_request(definition, request):
+    """Check a creation request against its definition before anything is written. Returns the
+    normalised overrides; raises InvalidRequestError / InvalidInputError naming the field."""
+    _require_text(request.user_id, 'userId', 64)
+    _require_text(request.target_type, 'targetType', 64)
+    _require_text(request.target_id, 'targetId', 128)
+    if request.idempotency_key is not None:
+        _require_text(request.idempotency_key, 'idempotencyKey', 255)
+    if not isinstance(request.input, dict):
+        raise InvalidInputError('input must be a JSON object', field='input')
+    if definition.input.schema is not None:
+        _validate_input(definition.input.schema, request.input)
+    return _validate_overrides(definition, request.overrides or {})
+
+
+def _validate_input(schema, value):
+    validator = jsonschema.Draft202012Validator(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    if error is not None:
+        path = ''.join('[%d]' % p if isinstance(p, int) else '.%s' % p for p in error.absolute_path)
+        raise InvalidInputError('input%s: %s' % (path, error.message), field='input' + path)
+
+
+def _validate_overrides(definition, overrides):
+    if not isinstance(overrides, dict):
+        raise InvalidRequestError('overrides must be a JSON object', field='overrides')
+    unknown = sorted(set(overrides) - set(OVERRIDE_FIELDS))
+    if unknown:
+        raise InvalidRequestError(
+            'overrides.%s is not a known override (allowed: %s)'
+            % (unknown[0], ', '.join(OVERRIDE_FIELDS)),
+            field='overrides.' + unknown[0],
+        )
+    result = {k: v for k, v in overrides.items() if v is not None}
+    priority = result.get('priority')
+    if priority is not None and (
+        not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 100
+    ):
+        raise InvalidRequestError(
+            'overrides.priority must be an integer 0..100', field='overrides.priority'
+        )
+    mode = result.get('credentialMode', definition.credential.default_mode)
+    if mode not in definition.credential.allowed_modes:
+        raise InvalidRequestError(
+            'overrides.credentialMode %r is not allowed for %s (allowed: %s)'
+            % (mode, definition.job_type, ', '.join(definition.credential.allowed_modes)),
+            field='overrides.credentialMode',
+        )
+    if mode == 'user_deepseek_key':
+        _require_text(result.get('credentialId'), 'overrides.credentialId', 36)
+    elif 'credentialId' in result:
+        raise InvalidRequestError(
+            'overrides.credentialId is only used with credentialMode user_deepseek_key',
+            field='overrides.credentialId',
+        )
+    for name in ('promptVersion', 'outputSchemaVersion'):
+        if name in result:
+            _require_text(result[name], 'overrides.' + name, 32)
+    return result
+
+
+def _require_text(value, name, max_length):
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequestError(
+            '%s is required and must be a non-empty string' % name, field=name
+        )
+    if len(value) > max_length:
+        raise InvalidRequestError(
+            '%s must be at most %d characters' % (name, max_length), field=name
+        )
+
+
+# ---------------------------------------------------------------- admission
+# Checked before anything is written (contracts §7.3: TOO_MANY_JOBS, QUOTA_EXCEEDED,
+# PLATFORM_UNAVAILABLE). The counts are read outside the creating transaction, so two requests
+# racing at the very edge of a limit may both pass: a limit guards against runaway clients, it is
+# not an exact budget.
+
+
+class Admission:
+    """``admission(request, definition)``: raises a 429/503 AiJobError, or returns None."""
+
+    def __init__(self, store, ai, *, max_active_per_user, daily_quota):
+        self.store = store
+        self.ai = ai
+        self.max_active_per_user = max_active_per_user  # 0: no limit
+        self.daily_quota = daily_quota  # 0: no limit
+
+    @classmethod
+    def from_config(cls, config, store, ai):
+        return cls(
+            store,
+            ai,
+            max_active_per_user=config.max_active_jobs_per_user,
+            daily_quota=config.daily_job_quota,
+        )
+
+    def __call__(self, request, definition):
+        self.ai.check_creatable(definition, request.overrides or {})
+        self._check_active(request.user_id)
+        self._check_daily_quota(request.user_id)
+
+    def _check_active(self, user_id):
+        if not self.max_active_per_user:
+            return
+        active = (
+            AiJob.select()
+            .where((AiJob.user_id == user_id) & AiJob.lifecycle_status.in_((QUEUED, RUNNING)))
+            .count()
+        )
+        if active >= self.max_active_per_user:
+            raise TooManyJobsError(
+                'user has %d unfinished jobs (limit %d)' % (active, self.max_active_per_user)
+            )
+
+    def _check_daily_quota(self, user_id):
+        if not self.daily_quota:
+            return
+        created_today = (
+            AiJob.select()
+            .where(  # the database's UTC day (architecture decision 2)
+                (AiJob.user_id == user_id) & (AiJob.created_at >= db_today())
+            )
+            .count()
+        )
+        if created_today >= self.daily_quota:
+            now = self.store.clock()
+            next_day = now.replace(hour=0, minute=0, second=0, microsecond=0) + datetime.timedelta(
+                days=1
+            )
+            raise QuotaExceededError(retry_after_s=max(1, int((next_day - now).total_seconds())))

@@ -1,0 +1,227 @@
+"""The store: the database built from a URL, transactions, the database clock and the schema.
+
+Every timestamp the engine writes comes from the database clock through ``db_now()``
+(architecture decision 2), so lock expiry never depends on the clocks of the hosts
+running web or worker processes.
+"""
+
+import datetime
+import os
+import threading
+import time
+from urllib.parse import unquote, urlsplit
+
+import peewee
+from playhouse.pool import PooledMySQLDatabase
+
+from .errors import ConfigError, StoreUnavailableError
+from .models import MODELS, database
+
+# Normalised by peewee from both drivers; the rest of the engine uses these names only.
+IntegrityError = peewee.IntegrityError
+OperationalError = peewee.OperationalError
+DoesNotExist = peewee.DoesNotExist
+
+
+# ---------------------------------------------------------------- databases
+class _CommitCounter:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.value = 0
+
+    def add(self):
+        with self._lock:
+            self.value += 1
+
+
+COMMITS = _CommitCounter()
+
+
+class _CountingMixin:
+    """Counts commits (for the benchmark): explicit COMMITs plus each write in autocommit mode."""
+
+    def commit(self):
+        COMMITS.add()
+        return super().commit()
+
+    def execute_sql(self, sql, params=None):
+        if sql[:6] in ('INSERT', 'UPDATE', 'DELETE') and not self.in_transaction():
+            COMMITS.add()
+        return super().execute_sql(sql, params)
+
+
+class _MySQL(_CountingMixin, PooledMySQLDatabase):
+    pass
+
+
+class _SQLite(_CountingMixin, peewee.SqliteDatabase):
+    pass
+
+
+def open_database(url, pool_size=32):
+    """A peewee database for ``sqlite:///PATH`` or ``mysql://USER:PASS@HOST:PORT/DB``."""
+    parts = urlsplit(url)
+    if parts.scheme == 'sqlite':
+        path = url[len('sqlite:///') :]
+        # IMMEDIATE: a write transaction takes the write lock at BEGIN, so concurrent writers wait
+        # on busy_timeout instead of failing on a lock upgrade.
+        return _SQLite(
+            path,
+            lock_type='IMMEDIATE',
+            check_same_thread=False,
+            pragmas={
+                'journal_mode': 'wal',
+                'busy_timeout': 30000,
+                'synchronous': 'normal',
+                'foreign_keys': 0,
+            },
+        )
+    if parts.scheme in ('mysql', 'mariadb'):
+        return _MySQL(
+            parts.path.strip('/'),
+            host=parts.hostname or '127.0.0.1',
+            port=parts.port or 3306,
+            user=unquote(parts.username or 'root'),
+            password=unquote(parts.password or ''),
+            charset='utf8mb4',
+            max_connections=pool_size,
+            stale_timeout=300,
+            timeout=30,
+            init_command='SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED',
+        )
+    raise ConfigError('unsupported database URL scheme %r' % parts.scheme)
+
+
+class Store:
+    """The bound database plus the few dialect differences the engine needs."""
+
+    def __init__(self, url, pool_size=32):
+        # Models are bound to one proxy, so stores of one process on the same URL share one
+        # database object (and its pool); a store for another URL re-points the proxy.
+        if database.obj is not None and getattr(database.obj, 'aijob_url', None) == url:
+            self.db = database.obj
+        else:
+            self.db = open_database(url, pool_size)
+            self.db.aijob_url = url
+            database.initialize(self.db)
+        self.dialect = 'sqlite' if isinstance(self.db, peewee.SqliteDatabase) else 'mysql'
+
+    # -- transactions
+    def atomic(self):
+        return self.db.atomic()
+
+    def connection(self):
+        """Context for one unit of work in this thread (returns the connection to the pool)."""
+        return self.db.connection_context()
+
+    def in_transaction(self):
+        return self.db.in_transaction()
+
+    def commit_count(self):
+        """Commits made by this process so far (see ``_CountingMixin``)."""
+        return COMMITS.value
+
+    def is_transient(self, exc):
+        """A deadlock, lock wait timeout or busy database: the whole transaction may be retried."""
+        if not isinstance(exc, OperationalError):
+            return False
+        code = (
+            exc.orig.args[0] if getattr(exc, 'orig', None) is not None and exc.orig.args else None
+        )
+        return code in (1205, 1213) or 'database is locked' in str(exc)
+
+    def run_in_transaction(self, work, attempts=5):
+        """Run ``work(tx)`` in a transaction, again on a deadlock (up to ``attempts`` times)."""
+        for attempt in range(1, attempts + 1):
+            try:
+                with self.atomic() as tx:
+                    return work(tx)
+            except OperationalError as exc:
+                if attempt == attempts or not self.is_transient(exc):
+                    raise
+                time.sleep(0.005 * attempt)
+
+    # -- the database clock (architecture decision 2)
+    def now(self):
+        return db_now()
+
+    def now_plus_ms(self, ms):
+        return db_now(ms)
+
+    def clock(self):
+        """The database clock as a naive UTC datetime."""
+        value = self.db.execute_sql('SELECT ' + _now_sql(self.db)).fetchone()[0]
+        if isinstance(value, str):
+            value = datetime.datetime.fromisoformat(value)
+        return value
+
+    # -- schema
+    def create_schema(self, extra_models=(), schema_sql_path=None):
+        """Create every table if missing. MySQL applies schema.sql (the deployed DDL); SQLite
+        creates from the models. ``extra_models`` (job-type plugins' own tables) are created
+        from their models on both. Safe to run twice."""
+        with self.connection():
+            if self.dialect == 'mysql':
+                for statement in split_sql(_read(schema_sql_path or default_schema_path())):
+                    self.db.execute_sql(statement)
+            else:
+                self.db.create_tables(MODELS, safe=True)
+            if extra_models:
+                self.db.create_tables(list(extra_models), safe=True)
+
+    def ping(self):
+        """Raise StoreUnavailableError unless a trivial query answers."""
+        try:
+            with self.connection():
+                self.db.execute_sql('SELECT 1').fetchone()
+        except (OperationalError, peewee.InterfaceError) as exc:
+            raise StoreUnavailableError(
+                'database unreachable: %s' % exc.__class__.__name__
+            ) from None
+
+    def close(self):
+        if hasattr(self.db, 'close_all'):
+            self.db.close_all()
+        elif not self.db.is_closed():
+            self.db.close()
+
+
+def db_now(ms=0):
+    """SQL for the bound database's clock, UTC, plus ``ms`` milliseconds (negative: minus)."""
+    if not ms:
+        return peewee.SQL(_now_sql(database.obj))
+    if not isinstance(database.obj, peewee.SqliteDatabase):
+        return peewee.SQL('(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)', (int(ms) * 1000,))
+    return peewee.SQL("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", ('%+.3f seconds' % (ms / 1000.0),))
+
+
+def db_today():
+    """SQL for the start of the database clock's current UTC day."""
+    if isinstance(database.obj, peewee.SqliteDatabase):
+        return peewee.SQL("date('now')")  # 'YYYY-MM-DD' sorts before any time that day
+    return peewee.SQL('UTC_DATE()')
+
+
+_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+
+
+def _now_sql(db):
+    return _SQLITE_NOW if isinstance(db, peewee.SqliteDatabase) else 'UTC_TIMESTAMP(6)'
+
+
+def default_schema_path():
+    return os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'schema.sql'
+    )
+
+
+def _read(path):
+    with open(path, encoding='utf-8') as handle:
+        return handle.read()
+
+
+def split_sql(text):
+    """Statements of a DDL file: ``;``-terminated, ``-- `` comments (whole or trailing) dropped.
+    The DDL has no string literals, so a plain split is enough."""
+    lines = [line.split('-- ', 1)[0].rstrip() for line in text.splitlines()]
+    return [stmt.strip() for stmt in '\n'.join(lines).split(';') if stmt.strip()]

@@ -1,0 +1,93 @@
+"""The reaper and the reconciler: the loops that make sure no job stays ``running`` or ``queued``
+forever, whatever happened to a worker or to Redis (architecture decisions 1 and 4)."""
+
+import logging
+
+from ..core.errors import IllegalTransitionError, InternalJobError, JobLockConflictError
+from ..core.lifecycle import ExpiredLockFence
+from .queue import Message
+
+log = logging.getLogger('aijob.maintenance')
+
+
+def message_for_job(job):
+    return Message.for_job(job.id, job.job_type, job.queue_name, job.priority)
+
+
+class Reaper:
+    """Running jobs whose lock expired ``reap_after_ms`` ago: finish a requested cancel, hand
+    the job to another worker while its queue allows another attempt, else fail it
+    INTERNAL_WORKER_LOST. Also moves back the messages of consumers that stopped heartbeating."""
+
+    def __init__(self, lifecycle, queue, reap_after_ms=90_000):
+        self.lifecycle = lifecycle
+        self.queue = queue
+        self.reap_after_ms = reap_after_ms
+
+    def sweep(self):
+        """One pass; returns counts of messages recovered and jobs republished, failed,
+        cancelled or skipped."""
+        counts = {
+            'recovered': self.queue.recover_orphans(),
+            'republished': 0,
+            'failed': 0,
+            'cancelled': 0,
+            'skipped': 0,
+        }
+        for job in self.lifecycle.find_expired_locks(self.reap_after_ms):
+            counts[self._reap(job)] += 1
+        return counts
+
+    def _reap(self, job):
+        fence = ExpiredLockFence(job.attempt_no, self.reap_after_ms)
+        try:
+            if job.cancel_requested_at is not None:
+                self.lifecycle.mark_cancelled(job.id, fence=fence)
+                return 'cancelled'
+            if job.attempt_no < self.lifecycle.attempts_allowed(job.queue_name):
+                # The dead worker's message may be gone (Redis lost it) or still held by a live
+                # but stuck process: push anyway; the lock CAS lets one worker take over.
+                self.queue.push(message_for_job(job), force=True)
+                log.warning(
+                    'job %s lost its worker %s; republished for takeover', job.id, job.locked_by
+                )
+                return 'republished'
+            self.lifecycle.mark_failed(
+                job.id,
+                InternalJobError(
+                    'worker %s lost; %d attempts used' % (job.locked_by, job.attempt_no),
+                    code='INTERNAL_WORKER_LOST',
+                    public_message='The job was interrupted; please retry.',
+                ),
+                fence=fence,
+            )
+            log.warning(
+                'job %s failed INTERNAL_WORKER_LOST after %d attempts', job.id, job.attempt_no
+            )
+            return 'failed'
+        except (JobLockConflictError, IllegalTransitionError):
+            return 'skipped'  # its worker heartbeated or finished meanwhile: keep it
+
+
+class Reconciler:
+    """Jobs ``queued`` longer than ``after_ms`` with no live queue entry are published again
+    (a lost message, a Redis restart without persistence, a dead dispatcher)."""
+
+    def __init__(self, lifecycle, queue, after_ms=60_000, batch_size=500):
+        self.lifecycle = lifecycle
+        self.queue = queue
+        self.after_ms = after_ms
+        self.batch_size = batch_size
+
+    def sweep(self):
+        """One pass; returns how many jobs were published again."""
+        republished = []
+        for job in self.lifecycle.find_stale_queued(self.after_ms, self.batch_size):
+            message = message_for_job(job)
+            if not self.queue.has_entry(message):
+                self.queue.push(message)
+                republished.append(job.id)
+        self.lifecycle.touch_queued(republished)
+        if republished:
+            log.warning('reconciler republished %d queued jobs', len(republished))
+        return len(republished)

@@ -1,0 +1,138 @@
+"""The queue contract (contracts §3): what every backend (redis_queue, memory_queue) does.
+
+The database stays the source of truth (architecture decision 1): a queue only wakes a worker up,
+and a duplicate message is harmless because ``lock_job`` is a compare-and-set. What a queue must not
+do is lose a message when a consumer dies: a pop moves the message atomically into the consumer's
+processing list, an ack removes it, and the processing list of a consumer whose heartbeat expired is
+moved back (architecture decision 5).
+
+Priority is honoured in three bands (0–32, 33–65, 66–100), each FIFO; lower numbers first.
+"""
+
+import json
+import time
+from dataclasses import dataclass
+
+from ..core.registry import QUEUE_NAMES
+
+BANDS = 3
+
+
+def band_of(priority):
+    return min(BANDS - 1, max(0, int(priority)) * BANDS // 101)
+
+
+def queue_job_id(queue_name, job_type, job_id):
+    """contracts §3.2's ``{queueName}:{jobType}:{idempotencyKey}``. The job id stands in for the
+    key: idempotency keys are scoped per user, so two users' keys could collide here, while the job
+    id is exactly what a key resolves to."""
+    return '%s:%s:%s' % (queue_name, job_type, job_id)
+
+
+@dataclass(frozen=True)
+class Message:
+    """contracts §3.2's payload plus routing; ids only, never input, user or credential."""
+
+    job_id: str
+    job_type: str
+    queue_name: str
+    priority: int
+    created_at: float
+
+    @property
+    def queue_job_id(self):
+        return queue_job_id(self.queue_name, self.job_type, self.job_id)
+
+    def encode(self):
+        return json.dumps(
+            {
+                'jobId': self.job_id,
+                'jobType': self.job_type,
+                'queueName': self.queue_name,
+                'priority': self.priority,
+                'idempotencyKey': self.queue_job_id,
+                'createdAt': self.created_at,
+            },
+            separators=(',', ':'),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def decode(cls, raw):
+        data = json.loads(raw)
+        return cls(
+            data['jobId'],
+            data['jobType'],
+            data['queueName'],
+            int(data['priority']),
+            float(data['createdAt']),
+        )
+
+    @classmethod
+    def for_job(cls, job_id, job_type, queue_name, priority):
+        if queue_name not in QUEUE_NAMES:
+            raise ValueError('unknown queue %r' % (queue_name,))
+        return cls(job_id, job_type, queue_name, int(priority), time.time())
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A message popped by a consumer; pass it back to ``ack`` or ``release``."""
+
+    message: Message
+    raw: str
+    consumer_id: str
+
+
+class Queue:
+    """The contract every backend implements."""
+
+    def push(self, message, force=False):
+        """Enqueue unless a message with the same queue job id is already live (SET NX, like
+        BullMQ's jobId). ``force`` pushes anyway (a takeover after a lost worker). Returns
+        whether it pushed."""
+        raise NotImplementedError
+
+    def pop(self, queue_name, consumer_id, timeout_s):
+        """Move the most urgent message into the consumer's processing list and return its
+        Delivery, waiting up to ``timeout_s``; None if nothing came."""
+        raise NotImplementedError
+
+    def ack(self, delivery):
+        """Done with a delivery: remove it from processing and forget its queue job id."""
+        raise NotImplementedError
+
+    def release(self, delivery):
+        """Hand a delivery back to the front of its queue (graceful shutdown)."""
+        raise NotImplementedError
+
+    def heartbeat(self, consumer_id, ttl_ms):
+        """Consumer ``consumer_id`` is alive for ``ttl_ms`` more."""
+        raise NotImplementedError
+
+    def recover_orphans(self):
+        """Move back the processing lists of consumers whose heartbeat expired; return how many
+        messages moved."""
+        raise NotImplementedError
+
+    def has_entry(self, message):
+        """Is a message for this job live (queued or being processed)?"""
+        raise NotImplementedError
+
+    def signal_cancel(self, job_id, ttl_s=300):
+        """The fast cancellation path (``job:cancel:{jobId}``, contracts §8.2)."""
+        raise NotImplementedError
+
+    def cancel_signalled(self, job_ids):
+        """The subset of ``job_ids`` with a live cancel signal."""
+        raise NotImplementedError
+
+    def ping(self):
+        """Raise QueueUnavailableError unless the backend answers."""
+        raise NotImplementedError
+
+    def close(self):
+        pass
+
+
+# ---------------------------------------------------------------- Redis

@@ -1,0 +1,289 @@
+"""Worker processes (contracts §3.1): a thread pool per queue, the supervisor that heartbeats, and
+the ordered, bounded shutdown of ``python aijob.py worker``.
+
+Shutdown follows dramatiq's order: stop taking messages, keep heartbeating while running jobs
+finish within the grace period, then hand back what is still running (release the lock, put the
+message back) and join everything under one deadline. Signal handlers only set flags.
+"""
+
+import logging
+import os
+import signal
+import threading
+import time
+
+from ..core.errors import JobLockConflictError, QueueUnavailableError
+from ..core.logs import log_event
+from ..execution.engine import ExecutionEngine
+
+log = logging.getLogger('aijob.worker')
+EXIT_FORCED = 3  # a second SIGTERM/SIGINT: exit now, takeover recovers the jobs
+
+
+def run_every(name, interval_s, step, stop, connection):
+    """A daemon thread calling ``step()`` every ``interval_s`` until ``stop`` is set; errors are
+    logged and the loop goes on (a store or Redis outage must not kill it)."""
+
+    def loop():
+        while not stop.is_set():
+            try:
+                with connection():
+                    step()
+            except Exception:
+                log.exception('%s step failed', name)
+            stop.wait(interval_s)
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+class WorkerPool:
+    """``concurrency`` threads consuming one queue through the engine."""
+
+    def __init__(self, queue_name, concurrency, queue, engine, consumer_id, connection):
+        self.queue_name = queue_name
+        self.concurrency = concurrency
+        self.queue = queue
+        self.engine = engine
+        self.consumer_id = consumer_id
+        self.connection = connection
+        self.stopping = threading.Event()
+        self.threads = []
+
+    def start(self):
+        for i in range(self.concurrency):
+            thread = threading.Thread(
+                target=self._loop, daemon=True, name='%s-%d' % (self.queue_name, i)
+            )
+            thread.start()
+            self.threads.append(thread)
+
+    def run_one(self, timeout_s=1.0):
+        """Pop one message and run its job (a single step, for tests). Returns the job's
+        terminal status, None if there was nothing to do, or 'empty' if no message came."""
+        delivery = self.queue.pop(self.queue_name, self.consumer_id, timeout_s)
+        if delivery is None:
+            return 'empty'
+        if self.stopping.is_set():  # popped while stopping: not ours to start
+            self.queue.release(delivery)
+            return None
+        try:
+            with self.connection():
+                status = self.engine.execute(delivery.message.job_id)
+        except Exception:
+            # The store failed under us (the engine handles job failures itself): put the
+            # message back rather than strand it in this live consumer's processing list.
+            self.queue.release(delivery)
+            raise
+        if status is None and self.stopping.is_set():
+            self.queue.release(delivery)  # handed back: another worker takes it over
+        else:
+            self.queue.ack(delivery)  # done, or a duplicate of a job run elsewhere
+        return status
+
+    def _loop(self):
+        backoff = 0.0
+        while not self.stopping.is_set():
+            try:
+                self.run_one(timeout_s=1.0)
+                backoff = 0.0
+            except QueueUnavailableError as exc:
+                backoff = min(10.0, max(0.2, backoff * 2))
+                log.warning(
+                    '%s: queue unavailable (%s); retry in %.1fs', self.queue_name, exc, backoff
+                )
+                self.stopping.wait(backoff)
+            except Exception:
+                log.exception('%s: worker loop error', self.queue_name)
+                self.stopping.wait(0.5)
+
+    def join(self, deadline):
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self.threads)
+
+
+class Supervisor:
+    """Keeps this consumer's heartbeat key alive, extends the lock of every job it runs, and
+    turns cancel requests (database flag or the ``job:cancel`` fast path) into stop events."""
+
+    def __init__(self, runtime, engine, consumer_id):
+        self.lifecycle = runtime.lifecycle
+        self.queue = runtime.queue
+        self.engine = engine
+        self.consumer_id = consumer_id
+        self.lock_ttl_ms = runtime.config.lock_ttl_ms
+        self.heartbeat_ttl_ms = runtime.config.reap_after_ms
+
+    def beat(self):
+        """The 30 s heartbeat (contracts §1.7): consumer key, then every held lock."""
+        self.queue.heartbeat(self.consumer_id, self.heartbeat_ttl_ms)
+        for attempt in self.engine.held_attempts():
+            try:
+                job = self.lifecycle.extend_lock(attempt.job.id, attempt.fence, self.lock_ttl_ms)
+            except JobLockConflictError:
+                log.warning('job %s: lock lost; abandoning', attempt.job.id)
+                attempt.abandon()
+                continue
+            if job.cancel_requested_at is not None:
+                attempt.cancel_event.set()
+
+    def check_cancel_signals(self):
+        """The fast path: a cancel reaches a running job within a fraction of a second."""
+        attempts = {a.job.id: a for a in self.engine.held_attempts()}
+        if attempts:
+            for job_id in self.queue.cancel_signalled(attempts):
+                attempts[job_id].cancel_event.set()
+
+
+class Worker:
+    """Dispatcher + worker pools + supervisor + reaper + reconciler, in this process."""
+
+    def __init__(self, runtime, with_maintenance=True):
+        self.runtime = runtime
+        config = runtime.config
+        self.engine = ExecutionEngine(runtime, runtime.instance_id)
+        connection = runtime.store.connection
+        self.pools = [
+            WorkerPool(
+                'ai-interactive',
+                config.interactive_concurrency,
+                runtime.queue,
+                self.engine,
+                runtime.instance_id,
+                connection,
+            ),
+            WorkerPool(
+                'ai-background',
+                config.background_concurrency,
+                runtime.queue,
+                self.engine,
+                runtime.instance_id,
+                connection,
+            ),
+        ]
+        self.supervisor = Supervisor(runtime, self.engine, runtime.instance_id)
+        self.with_maintenance = with_maintenance
+        self.stop_event = threading.Event()
+        self.threads = []
+
+    def start(self):
+        rt, config, conn = self.runtime, self.runtime.config, self.runtime.store.connection
+        self.supervisor.beat()
+        self.threads.append(
+            threading.Thread(
+                target=rt.dispatcher.run,
+                args=(self.stop_event, conn),
+                name='dispatcher',
+                daemon=True,
+            )
+        )
+        self.threads[-1].start()
+        self.threads.append(
+            run_every(
+                'heartbeat',
+                config.heartbeat_ms / 1000.0,
+                self.supervisor.beat,
+                self.stop_event,
+                conn,
+            )
+        )
+        self.threads.append(
+            run_every(
+                'cancel-signals',
+                0.2,
+                self.supervisor.check_cancel_signals,
+                self.stop_event,
+                _no_connection,
+            )
+        )
+        if self.with_maintenance:
+            self.threads.append(
+                run_every(
+                    'reaper',
+                    config.reaper_interval_ms / 1000.0,
+                    rt.reaper.sweep,
+                    self.stop_event,
+                    conn,
+                )
+            )
+            self.threads.append(
+                run_every(
+                    'reconciler',
+                    config.reconcile_after_ms / 2000.0,
+                    rt.reconciler.sweep,
+                    self.stop_event,
+                    conn,
+                )
+            )
+        for pool in self.pools:
+            pool.start()
+        log_event(
+            'worker.started',
+            instance=rt.instance_id,
+            interactive=config.interactive_concurrency,
+            background=config.background_concurrency,
+        )
+
+    def stop(self, grace_s):
+        """Ordered stop within ``grace_s`` (plus a few seconds to hand back)."""
+        deadline = time.monotonic() + grace_s
+        for pool in self.pools:
+            pool.stopping.set()
+        finished = all(pool.join(deadline) for pool in self.pools)
+        if not finished:
+            self._hand_back()
+            hand_back_deadline = time.monotonic() + 5.0
+            for pool in self.pools:
+                pool.join(hand_back_deadline)
+        self.stop_event.set()
+        self.runtime.dispatcher.wake.set()
+        for thread in self.threads:
+            thread.join(2.0)
+        log_event(
+            'worker.stopped',
+            instance=self.runtime.instance_id,
+            outcome='all jobs finished' if finished else 'running jobs handed back',
+            commits=self.runtime.store.commit_count(),
+        )
+
+    def _hand_back(self):
+        with self.runtime.store.connection():
+            for attempt in self.engine.held_attempts():
+                try:
+                    self.runtime.lifecycle.release_lock(attempt.job.id, attempt.fence)
+                except JobLockConflictError:
+                    pass
+                attempt.abandon()
+
+    def run_until_signalled(self):
+        """``python aijob.py worker``: start, and return at the first SIGTERM/SIGINT for the
+        caller to stop; a second signal exits at once."""
+        signals = []
+
+        def on_signal(signum, frame):
+            signals.append(signum)
+            if len(signals) > 1:
+                os._exit(EXIT_FORCED)
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        while not signals:
+            time.sleep(0.2)
+        log.info(
+            'signal %d: stopping (grace %d ms)', signals[0], self.runtime.config.shutdown_grace_ms
+        )
+
+
+class _NoConnection:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _no_connection():
+    return _NoConnection()

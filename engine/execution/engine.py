@@ -1,0 +1,340 @@
+"""AiJobExecutionEngine (contracts §5): runs one job through PREPARE, RESOLVE, EXECUTE, PROJECT and
+COMPLETE.
+
+Retries happen here, with the definition's backoff, and never by queue redelivery (contracts §5.5):
+a message is acknowledged once the engine is done with the job, whatever the outcome. Every write is
+fenced by the lock this worker took (architecture decision 3); losing it mid-way abandons the
+attempt without writing anything.
+"""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import jsonschema
+
+from ..core.errors import (
+    AiJobError,
+    IllegalTransitionError,
+    InternalJobError,
+    JobCancelledError,
+    JobCancelRequestedError,
+    JobFailure,
+    JobLockConflictError,
+    JobNotFoundError,
+    JobTimeoutError,
+    MisconfiguredJobError,
+    OutputValidationError,
+    UnknownJobTypeError,
+)
+from ..core.lifecycle import Fence
+from ..core.logs import log_event
+from ..core.models import AiJob, canonical_hash
+from .providers import CallContext, ProviderRequest, Usage
+from .usage import record_usage
+
+log = logging.getLogger('aijob.engine')
+MAX_INTERNAL_RETRIES = 1  # contracts §5.2: INTERNAL_* is retried at most once
+
+
+class AttemptAbandoned(Exception):
+    """This worker must stop touching the job: its lock was lost or the worker is stopping."""
+
+
+@dataclass
+class Attempt:
+    """One lock this worker holds on one job, shared with the supervisor thread."""
+
+    job: AiJob
+    definition: object
+    fence: Fence
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    abandoned: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    def abandon(self):
+        self.abandoned = True
+        self.cancel_event.set()
+
+    def stop_if_told(self):
+        if self.abandoned:
+            raise AttemptAbandoned(self.job.id)
+        if self.cancel_event.is_set():
+            raise JobCancelledError('cancel requested')
+
+
+@dataclass
+class Resolved:
+    """What RESOLVE found for a job."""
+
+    input: dict
+    credential: object
+    provider: object
+    model: str
+    projector: object
+
+
+class ExecutionEngine:
+    def __init__(self, runtime, instance_id, on_event=None):
+        self.store = runtime.store
+        self.registry = runtime.registry
+        self.lifecycle = runtime.lifecycle
+        self.service = runtime.service
+        self.ai = runtime.ai
+        self.instance_id = instance_id
+        self.lock_ttl_ms = runtime.config.lock_ttl_ms
+        self.on_event = on_event  # domain-event hook: on_event(name, job)
+        self.held = {}  # job id -> Attempt, watched by the supervisor
+        self._held_lock = threading.Lock()
+
+    # ------------------------------------------------------------ PREPARE
+    def execute(self, job_id):
+        """PREPARE: lock job ``job_id`` (CAS queued → running, or a takeover) and run it. Returns
+        the terminal status it reached, or None when there was nothing for this worker to do
+        (locked elsewhere, already terminal, lock lost, worker stopping)."""
+        try:
+            job = self.lifecycle.lock_job(job_id, self.instance_id, self.lock_ttl_ms)
+        except (JobNotFoundError, JobLockConflictError, IllegalTransitionError):
+            return None  # gone, running elsewhere, or already finished
+        try:
+            definition = self.registry.get(job.job_type)
+        except UnknownJobTypeError:
+            definition = None
+        attempt = Attempt(job, definition, Fence(self.instance_id, job.attempt_no))
+        with self._held_lock:
+            self.held[job_id] = attempt
+        try:
+            return self._run(attempt)
+        finally:
+            with self._held_lock:
+                self.held.pop(job_id, None)
+
+    def _run(self, a):
+        try:
+            if a.definition is None:
+                return self._fail(
+                    a,
+                    MisconfiguredJobError(
+                        'jobType %s is not registered here' % a.job.job_type,
+                        code='INTERNAL_UNKNOWN_JOB_TYPE',
+                    ),
+                )
+            return self._run_attempts(a, self._resolve(a))
+        except JobCancelledError:
+            if a.abandoned:
+                return None
+            return self._finish_cancelled(a)
+        except (AttemptAbandoned, JobLockConflictError) as exc:
+            log.warning('job %s abandoned by %s: %s', a.job.id, self.instance_id, exc)
+            return None
+        except JobFailure as failure:  # RESOLVE failed: credentials, routing
+            return self._fail(a, failure)
+
+    # ------------------------------------------------------------ RESOLVE
+    def _resolve(self, a):
+        snapshot = self.service.snapshot(a.job.id)
+        credential = self.ai.credentials.resolve(a.job)
+        provider, model = self.ai.gateway.route(a.definition, a.job)
+        projector = self.ai.projectors.for_definition(a.definition)
+        return Resolved(snapshot['input'], credential, provider, model, projector)
+
+    # ------------------------------------------------------------ EXECUTE, with retries
+    def _run_attempts(self, a, resolved):
+        if a.definition.security.content_safety_check:
+            self.ai.safety.check(resolved.input, 'input')  # once: the input cannot change
+        retries_used = a.job.retry_count
+        internal_retries = 0
+        fresh_lock = True  # the lock's own row just said: no cancel requested
+        while True:
+            self._check_cancel(a, read_store=not fresh_lock)
+            fresh_lock = False
+            try:
+                output, usage, latency_ms = self._call(a, resolved, retries_used + 1)
+                return self._project(a, resolved, output, usage, latency_ms, retries_used + 1)
+            except JobCancelledError:
+                raise
+            except JobFailure as failure:
+                internal = failure.code.startswith('INTERNAL_')
+                if (
+                    not self._retryable(a, failure, internal_retries)
+                    or retries_used >= a.job.max_retry_count
+                ):
+                    return self._fail(a, failure)
+                delay_s = a.definition.execution.retry_backoff.delay_ms(retries_used + 1) / 1000.0
+                delay_s = max(delay_s, failure.retry_after_s or 0)
+                log.info(
+                    'job %s attempt %d failed %s; retry in %.2fs',
+                    a.job.id,
+                    retries_used + 1,
+                    failure.code,
+                    delay_s,
+                )
+                self._wait(a, delay_s)
+                retries_used += 1
+                internal_retries += internal
+                self.lifecycle.count_retry(a.job.id, a.fence)
+
+    def _retryable(self, a, failure, internal_retries):
+        if isinstance(failure, JobTimeoutError):
+            return a.definition.execution.abort_strategy == 'retry'
+        if failure.code.startswith('INTERNAL_'):
+            return failure.retryable and internal_retries < MAX_INTERNAL_RETRIES
+        return failure.retryable
+
+    def _call(self, a, resolved, call_no):
+        """One provider call: generate within the deadline, validate, safety on output. Every
+        call leaves a usage row: a failed one here, a successful one in PROJECT's transaction."""
+        definition = a.definition
+        ctx = CallContext(
+            deadline=time.monotonic() + definition.execution.timeout_ms / 1000.0,
+            cancel_event=a.cancel_event,
+            on_progress=lambda pct: self.lifecycle.set_progress(a.job.id, a.fence, pct),
+        )
+        request = ProviderRequest(
+            job_id=a.job.id,
+            job_type=a.job.job_type,
+            attempt=call_no,
+            input=resolved.input,
+            definition=definition,
+            credential=resolved.credential,
+            model=resolved.model,
+            prompt_version=a.job.prompt_version,
+        )
+        started = time.monotonic()
+        usage = None
+        try:
+            try:
+                result = resolved.provider.generate(request, ctx)
+            except AiJobError:
+                raise
+            except Exception as exc:  # a provider bug must not kill the worker
+                raise InternalJobError(
+                    'provider raised %s' % exc.__class__.__name__, code='INTERNAL_PROVIDER_ERROR'
+                ) from exc
+            usage = result.usage
+            a.stop_if_told()
+            validate_output(definition, result.output)
+            if definition.security.content_safety_check:
+                self.ai.safety.check(result.output, 'output')
+            return result.output, result.usage, _ms_since(started)
+        except JobFailure as failure:
+            if a.abandoned:
+                raise AttemptAbandoned(a.job.id) from None
+            self._log_usage(
+                a,
+                resolved,
+                call_no,
+                usage or getattr(failure, 'usage', None),
+                _ms_since(started),
+                failure.code,
+            )
+            raise
+
+    def _wait(self, a, seconds):
+        """Backoff sleep that a cancel (or the worker stopping) cuts short."""
+        if a.cancel_event.wait(seconds):
+            a.stop_if_told()
+
+    def _check_cancel(self, a, read_store=True):
+        """Before each provider call: the in-process flag, then the database (the truth)."""
+        a.stop_if_told()
+        if not read_store:
+            return
+        requested = AiJob.select(AiJob.cancel_requested_at).where(AiJob.id == a.job.id).scalar()
+        if requested is not None:
+            a.cancel_event.set()
+            raise JobCancelledError('cancel requested')
+
+    # ------------------------------------------------------------ PROJECT
+    def _project(self, a, resolved, output, usage, latency_ms, call_no):
+        output_hash = canonical_hash(output)
+
+        def work(tx):
+            resolved.projector.project(tx, a.job, output)
+            job = self.lifecycle.mark_succeeded(
+                a.job.id, tx, fence=a.fence, output_hash=output_hash
+            )
+            self._log_usage(a, resolved, call_no, usage, latency_ms, None)
+            return job
+
+        try:
+            job = self.store.run_in_transaction(work)
+        except JobCancelRequestedError:
+            self._log_usage(a, resolved, call_no, usage, latency_ms, None)
+            raise JobCancelledError('cancel requested before the result was committed') from None
+        except (JobLockConflictError, JobFailure):
+            raise
+        except Exception as exc:  # projector or store failure: rolled back
+            self._log_usage(a, resolved, call_no, usage, latency_ms, 'INTERNAL_PROJECTION_FAILED')
+            raise InternalJobError(
+                'projection failed: %s' % exc.__class__.__name__, code='INTERNAL_PROJECTION_FAILED'
+            ) from exc
+        return self._complete(a, job)
+
+    # ------------------------------------------------------------ COMPLETE
+    def _fail(self, a, failure):
+        job = self.lifecycle.mark_failed(a.job.id, failure, fence=a.fence)
+        return self._complete(a, job)
+
+    def _finish_cancelled(self, a):
+        job = self.lifecycle.mark_cancelled(a.job.id, fence=a.fence)
+        return self._complete(a, job)
+
+    def _complete(self, a, job):
+        log_event(
+            'job.finished',
+            job_id=job.id,
+            job_type=job.job_type,
+            status=job.lifecycle_status,
+            error_code=job.error_code,
+            attempt=job.attempt_no,
+            retries=job.retry_count,
+            run_ms=_ms_since(a.started),
+        )
+        if self.on_event is not None:
+            try:
+                self.on_event('ai.job.%s' % job.lifecycle_status, job)
+            except Exception:
+                log.exception('domain event hook failed for job %s', job.id)
+        return job.lifecycle_status
+
+    def _log_usage(self, a, resolved, call_no, usage, latency_ms, error_code):
+        usage = usage or Usage()
+        key = resolved.provider.key or ''
+        record_usage(
+            a.job,
+            call_no,
+            key,
+            resolved.model,
+            usage,
+            self.ai.pricing.cost(key, resolved.model, usage),
+            latency_ms,
+            error_code,
+        )
+
+    # ------------------------------------------------------------ for the supervisor
+    def held_attempts(self):
+        with self._held_lock:
+            return list(self.held.values())
+
+
+def validate_output(definition, output):
+    """The job succeeds only with a JSON object that satisfies the definition's validator."""
+    if not isinstance(output, dict):
+        raise OutputValidationError(
+            'output is %s, not an object' % type(output).__name__, code='VALIDATION_NOT_OBJECT'
+        )
+    schema = definition.output.validator
+    if schema is None:
+        return
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(schema).iter_errors(output)
+    )
+    if error is not None:
+        path = '/'.join(str(p) for p in error.absolute_path) or '(root)'
+        raise OutputValidationError('output invalid at %s: %s' % (path, error.validator))
+
+
+def _ms_since(started):
+    return int((time.monotonic() - started) * 1000)

@@ -1,0 +1,290 @@
+"""The OpenAI-compatible provider: one chat-completions client for DeepSeek, OpenAI, vLLM, Ollama
+and llama.cpp servers. It streams, so that a cancelled job or a passed deadline stops the upstream
+request between chunks, and it only classifies failures (contracts §5.2): the engine owns retries.
+Every ``openai`` exception is translated here; none leaves this module."""
+
+import email.utils
+import json
+import socket
+import threading
+import time
+
+import openai
+
+from ..core.errors import (
+    ContentSafetyError,
+    CredentialError,
+    JobCancelledError,
+    JobTimeoutError,
+    OutputValidationError,
+    ProviderError,
+    ProviderRequestError,
+)
+from .prompts import default_library
+from .providers import Provider, ProviderResult, Usage
+
+WATCH_INTERVAL_S = 0.05  # how soon a cancel or deadline interrupts a stalled read
+CHARS_PER_TOKEN = 4  # the usual estimate when a server reports no usage
+CONTEXT_LENGTH_MARKERS = ('context_length', 'context length', 'maximum context', 'too many tokens')
+
+
+class OpenAICompatibleProvider(Provider):
+    needs_api_key = True
+
+    def __init__(self, base_url, model, prompts=None, key='openai', read_timeout_s=60.0):
+        self.key = key
+        self.model = model
+        self.base_url = base_url
+        self.read_timeout_s = read_timeout_s
+        self.prompts = prompts or default_library()
+        # One client (and connection pool) per provider; each call sets its own key and timeout.
+        # max_retries=0: a retry here would hide failures from the engine's retry policy.
+        self._client = openai.OpenAI(api_key='unset', base_url=base_url, max_retries=0)
+
+    def generate(self, request, ctx):
+        if not request.credential.api_key:
+            raise CredentialError('no API key for %s' % self.key, code='CREDENTIAL_MISSING')
+        messages = self.prompts.render(request)
+        ctx.check()
+        call = _Call(ctx, estimate_tokens(messages))
+        try:
+            stream = self._open(request, messages, ctx)
+            return call.collect(stream, request.model or self.model)
+        except openai.OpenAIError as exc:
+            raise call.translate(exc) from None
+        except ValueError:
+            # A stream event whose data is not JSON: the server broke the protocol.
+            raise call.translate_malformed() from None
+
+    def _open(self, request, messages, ctx):
+        # The job's deadline bounds the whole call; a silent connection fails sooner, as a
+        # retryable PROVIDER_TIMEOUT, while the job still has time for another attempt.
+        remaining = max(0.001, ctx.remaining_s())
+        timeout = openai.Timeout(remaining, read=min(remaining, self.read_timeout_s))
+        client = self._client.with_options(api_key=request.credential.api_key, timeout=timeout)
+        return client.chat.completions.create(
+            model=request.model or self.model,
+            messages=messages,
+            stream=True,
+            stream_options={'include_usage': True},
+            response_format={'type': 'json_object'},
+        )
+
+
+class _Call:
+    """One streamed completion: its accumulated text, usage, and failure translation."""
+
+    def __init__(self, ctx, prompt_tokens):
+        self.ctx = ctx
+        self.prompt_tokens = prompt_tokens
+        self.parts = []
+        self.refusal = []
+        self.finish_reason = None
+        self.usage = None
+        self.model = None
+
+    def collect(self, stream, model):
+        watcher = _Watcher(self.ctx, stream)
+        watcher.start()
+        try:
+            for chunk in stream:
+                self.ctx.check()  # cancelled or out of time: leave; ``finally`` hangs up
+                self._take(chunk)
+            self.ctx.check()  # the watcher's hang-up can look like a normal end
+        except (JobCancelledError, JobTimeoutError) as exc:
+            exc.usage = self.estimated_usage()
+            raise
+        finally:
+            watcher.stop()
+            stream.close()
+        return self._result(model)
+
+    def _take(self, chunk):
+        self.model = chunk.model or self.model
+        if chunk.usage is not None:
+            self.usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
+        for choice in chunk.choices or ():
+            delta = choice.delta
+            if delta is not None and delta.content:
+                self.parts.append(delta.content)
+            if delta is not None and getattr(delta, 'refusal', None):
+                self.refusal.append(delta.refusal)
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
+
+    def _result(self, model):
+        usage = self.usage or self.estimated_usage()
+        if self.finish_reason is None:
+            raise _with_usage(
+                ProviderError(
+                    'the stream ended before the completion finished', code='PROVIDER_ERROR'
+                ),
+                usage,
+            )
+        if self.finish_reason == 'content_filter' or self.refusal:
+            raise _with_usage(
+                ContentSafetyError(
+                    'provider refused: finish_reason=%s' % self.finish_reason,
+                    public_message='The AI provider refused the content.',
+                ),
+                usage,
+            )
+        output = parse_json_object(''.join(self.parts), self.finish_reason)
+        if isinstance(output, OutputValidationError):
+            raise _with_usage(output, usage)
+        return ProviderResult(output=output, usage=usage, model=self.model or model)
+
+    def estimated_usage(self):
+        completion = sum(len(part) for part in self.parts) // CHARS_PER_TOKEN
+        return self.usage or Usage(self.prompt_tokens, completion)
+
+    def translate(self, exc):
+        """The JobFailure for an ``openai`` exception, with what the call consumed."""
+        if self.ctx.is_cancelled():
+            failure = JobCancelledError('cancel requested during the provider call')
+        elif self.ctx.remaining_s() <= 0:
+            failure = JobTimeoutError('deadline passed during the provider call')
+        else:
+            failure = classify(exc)
+        # A failure before any chunk was billed nothing we can know of; after, estimate.
+        return _with_usage(failure, self.estimated_usage() if self.parts or self.usage else Usage())
+
+    def translate_malformed(self):
+        return _with_usage(
+            ProviderError('provider sent a malformed stream event', code='PROVIDER_ERROR'),
+            self.estimated_usage(),
+        )
+
+
+class _Watcher(threading.Thread):
+    """Hangs up the stream's socket once the job is cancelled or out of time, so a read blocked
+    on a silent server returns at once (closing the response alone does not wake it)."""
+
+    def __init__(self, ctx, stream):
+        super().__init__(daemon=True, name='aijob-stream-watcher')
+        self.ctx, self.stream = ctx, stream
+        self._stopped = threading.Event()
+
+    def run(self):
+        while not self._stopped.wait(WATCH_INTERVAL_S):
+            if self.ctx.is_cancelled() or self.ctx.remaining_s() <= 0:
+                _hang_up(self.stream)
+                return
+
+    def stop(self):
+        self._stopped.set()
+
+
+def _hang_up(stream):
+    network = stream.response.extensions.get('network_stream')
+    sock = network.get_extra_info('socket') if network is not None else None
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the other side
+
+
+def classify(exc):
+    """contracts §5.2 class of an ``openai`` exception (no deadline or cancellation involved)."""
+    if isinstance(exc, openai.APITimeoutError):
+        return ProviderError('provider timed out', code='PROVIDER_TIMEOUT')
+    if isinstance(exc, openai.APIConnectionError):
+        return ProviderError('provider connection failed', code='PROVIDER_UNAVAILABLE')
+    if isinstance(exc, openai.APIStatusError):
+        return _classify_status(exc)
+    return ProviderError('provider error: %s' % exc.__class__.__name__, code='PROVIDER_ERROR')
+
+
+def _classify_status(exc):
+    status = exc.status_code
+    detail = 'provider answered HTTP %d: %s' % (status, _error_message(exc))
+    if status == 429:
+        return ProviderError(
+            detail,
+            code='PROVIDER_RATE_LIMITED',
+            retry_after_s=retry_after_seconds(exc.response.headers),
+        )
+    if status in (401, 403):
+        return CredentialError(detail, code='CREDENTIAL_INVALID')
+    if status == 408:
+        return ProviderError(detail, code='PROVIDER_TIMEOUT')
+    if status in (502, 503, 504):
+        return ProviderError(
+            detail,
+            code='PROVIDER_UNAVAILABLE',
+            retry_after_s=retry_after_seconds(exc.response.headers),
+        )
+    if status >= 500:
+        return ProviderError(detail, code='PROVIDER_ERROR')
+    if _is_context_length(exc):
+        return ProviderRequestError(
+            detail,
+            code='PROVIDER_BAD_REQUEST_CONTEXT_LENGTH',
+            public_message='The input is too long for the AI model.',
+        )
+    return ProviderRequestError(detail, code='PROVIDER_BAD_REQUEST')
+
+
+def _error_message(exc):
+    body = exc.body if isinstance(exc.body, dict) else {}
+    message = body.get('message') if isinstance(body.get('message'), str) else exc.message
+    return (message or '')[:300]
+
+
+def _is_context_length(exc):
+    text = ('%s %s' % (exc.code or '', _error_message(exc))).lower()
+    return any(marker in text for marker in CONTEXT_LENGTH_MARKERS)
+
+
+def retry_after_seconds(headers):
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
+    millis = headers.get('retry-after-ms')
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get('retry-after')
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def parse_json_object(text, finish_reason=None):
+    """The output dict, or an OutputValidationError (returned, for the caller to attach usage).
+    Markdown code fences, which some local models add despite JSON mode, are tolerated."""
+    body = text.strip()
+    if body.startswith('```'):
+        body = body.split('\n', 1)[1] if '\n' in body else ''
+        body = body.rsplit('```', 1)[0].strip()
+    try:
+        value = json.loads(body)
+    except ValueError:
+        truncated = ' (cut off: finish_reason=length)' if finish_reason == 'length' else ''
+        return OutputValidationError(
+            'provider output is not JSON%s' % truncated, code='VALIDATION_JSON'
+        )
+    if not isinstance(value, dict):
+        return OutputValidationError(
+            'provider output is JSON but not an object', code='VALIDATION_JSON'
+        )
+    return value
+
+
+def estimate_tokens(messages):
+    return sum(len(message['content']) for message in messages) // CHARS_PER_TOKEN
+
+
+def _with_usage(failure, usage):
+    failure.usage = usage
+    return failure

@@ -1,0 +1,100 @@
+"""The AI-side collaborators the execution engine resolves a job with: the gateway (providers
+and model routing), credentials, content safety, pricing, prompt templates and projectors.
+
+Job types fill them through their plugin's ``register(app)`` (plugins.py); this module knows no
+job type by name.
+"""
+
+from dataclasses import dataclass, field
+
+from ..core.errors import ConfigError, InvalidRequestError, PlatformUnavailableError
+from .credentials import CredentialStore, StoredCredentialResolver
+from .openai_client import OpenAICompatibleProvider
+from .projectors import ProjectorRegistry
+from .prompts import PromptLibrary, default_library
+from .providers import AiGateway, ContentSafety, CostCalculator, CredentialResolver
+from .safety import RegexContentSafety
+from .usage import PriceTableCostCalculator
+
+
+@dataclass
+class AiServices:
+    gateway: AiGateway
+    credentials: CredentialResolver
+    safety: ContentSafety
+    pricing: CostCalculator
+    credential_store: object = None  # CredentialStore: users' keys, register/list/delete
+    projectors: ProjectorRegistry = field(default_factory=ProjectorRegistry)
+    prompts: PromptLibrary = field(default_factory=default_library)
+    platform_key_configured: bool = False
+
+    def platform_available(self, definition):
+        """Can a job of ``definition`` run in platform_key mode here? Not when its provider is
+        not configured, nor when the provider needs a key and no platform key is set
+        (→ PLATFORM_UNAVAILABLE at creation)."""
+        provider = self.gateway.provider_for(definition)
+        if provider is None:
+            return False
+        return self.platform_key_configured or not getattr(provider, 'needs_api_key', False)
+
+    def check_creatable(self, definition, overrides):
+        """Refuse at creation what could only fail once the job runs: a job type whose provider
+        is not configured, platform mode without a platform key (PLATFORM_UNAVAILABLE), or a
+        promptVersion the provider has no template for."""
+        provider = self.gateway.provider_for(definition)
+        mode = overrides.get('credentialMode') or definition.credential.default_mode
+        if provider is None or (mode == 'platform_key' and not self.platform_available(definition)):
+            raise PlatformUnavailableError(
+                '%s cannot run here: provider %s not configured or no platform key'
+                % (definition.job_type, definition.provider)
+            )
+        version = overrides.get('promptVersion')
+        prompts = getattr(provider, 'prompts', None)
+        if version is not None and prompts is not None:
+            known = prompts.versions(definition.job_type)
+            if version not in known:
+                raise InvalidRequestError(
+                    'overrides.promptVersion %r is unknown for %s (known: %s)'
+                    % (version, definition.job_type, ', '.join(known)),
+                    field='overrides.promptVersion',
+                )
+
+
+def build_ai_services(config, store):
+    """The OpenAI-compatible provider when ``AIJOB_PROVIDER_BASE_URL`` is set; stored user keys
+    when a master key is set. Job-type plugins add their own providers, projectors and prompts."""
+    prompts = default_library()
+    providers = []
+    if config.provider_base_url:
+        providers.append(
+            OpenAICompatibleProvider(
+                config.provider_base_url,
+                config.provider_model,
+                prompts=prompts,
+                read_timeout_s=config.provider_read_timeout_ms / 1000.0,
+            )
+        )
+    credential_store = CredentialStore(store, config.credential_master_key)
+    return AiServices(
+        gateway=AiGateway(providers, default_provider='synthetic'),
+        credentials=StoredCredentialResolver(config.platform_api_key, credential_store),
+        safety=_configured(
+            'AIJOB_CONTENT_SAFETY_PATTERNS',
+            RegexContentSafety.from_list,
+            config.content_safety_patterns,
+        ),
+        pricing=_configured(
+            'AIJOB_PRICE_TABLE', PriceTableCostCalculator.from_table, config.price_table
+        ),
+        credential_store=credential_store,
+        prompts=prompts,
+        platform_key_configured=bool(config.platform_api_key),
+    )
+
+
+def _configured(env, build, value):
+    """``build(value)``, a ValueError becoming the start-up error that names the setting."""
+    try:
+        return build(value)
+    except ValueError as exc:
+        raise ConfigError('%s is invalid: %s' % (env, exc)) from None

@@ -1,0 +1,132 @@
+"""Usage and cost: the price of a provider call (AiCostCalculatorService) from a configurable
+price table, one ``ai_usage_log`` row per provider call (failed calls included), and the admin
+totals per user or per job type over a time range.
+
+``AIJOB_PRICE_TABLE`` is JSON keyed by model (``"*"`` is the fallback), prices as decimal strings
+per ``per`` tokens (default one million), e.g.
+``{"deepseek-chat": {"prompt": "0.27", "completion": "1.10", "per": 1000000}}``.
+"""
+
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+from peewee import fn
+
+from ..core.models import AiUsageLog
+from ..core.store import db_now
+from .providers import CostCalculator
+
+COST_PLACES = Decimal('0.000001')  # ai_usage_log.cost is DECIMAL(14, 6)
+
+
+@dataclass(frozen=True)
+class Price:
+    prompt: Decimal
+    completion: Decimal
+    per: int = 1_000_000
+
+
+def parse_price_table(raw):
+    """{model: Price} from the parsed JSON object (None: no prices); raises ValueError naming
+    what is wrong."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError('the price table must be a JSON object keyed by model')
+    return {model: _parse_price(model, entry) for model, entry in raw.items()}
+
+
+def _parse_price(model, entry):
+    if not isinstance(entry, dict) or set(entry) - {'prompt', 'completion', 'per'}:
+        raise ValueError('%s: expected {"prompt", "completion", "per"}' % model)
+    try:
+        # str() first: a JSON float such as 0.1 must not carry its binary rounding into money
+        prompt = Decimal(str(entry.get('prompt', 0)))
+        completion = Decimal(str(entry.get('completion', 0)))
+    except InvalidOperation:
+        raise ValueError('%s: prices must be decimal numbers' % model) from None
+    per = entry.get('per', 1_000_000)
+    if prompt < 0 or completion < 0 or not isinstance(per, int) or per <= 0:
+        raise ValueError('%s: prices must be >= 0 and "per" a whole number above 0' % model)
+    return Price(prompt, completion, per)
+
+
+class PriceTableCostCalculator(CostCalculator):
+    def __init__(self, table):
+        self._table = dict(table)
+
+    @classmethod
+    def from_table(cls, raw):
+        return cls(parse_price_table(raw))
+
+    def cost(self, provider_key, model, usage):
+        """Decimal cost of one call; a model missing from the table (and no ``*``) costs 0."""
+        price = self._table.get(model) or self._table.get('*')
+        if price is None:
+            return Decimal('0')
+        total = (
+            price.prompt * usage.prompt_tokens + price.completion * usage.completion_tokens
+        ) / price.per
+        return total.quantize(COST_PLACES)
+
+
+# ---------------------------------------------------------------- usage rows and totals
+GROUPS = {'user': ('userId', AiUsageLog.user_id), 'job_type': ('jobType', AiUsageLog.job_type)}
+
+
+def record_usage(job, attempt_no, provider, model, usage, cost, latency_ms, error_code=None):
+    """Write the row for one provider call of ``job``; ``usage`` is a providers.Usage. Runs on
+    the caller's connection, inside its transaction if it has one (the engine writes the row
+    of a successful call in the PROJECT transaction)."""
+    AiUsageLog.insert(
+        job_id=job.id,
+        user_id=job.user_id,
+        job_type=job.job_type,
+        attempt_no=attempt_no,
+        credential_mode=job.credential_mode,
+        provider=provider,
+        model=model or '',
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cost=cost,
+        latency_ms=int(latency_ms),
+        error_code=error_code,
+        created_at=db_now(),
+    ).execute()
+
+
+def usage_totals(since, until, group_by='user'):
+    """Totals of calls in [since, until) (naive UTC datetimes) per user or per job type:
+    ``[{"userId"|"jobType", calls, promptTokens, completionTokens, cost, errors}]``, the
+    costliest first; ``cost`` is a decimal string."""
+    if group_by not in GROUPS:
+        raise ValueError('group_by must be one of %s' % ', '.join(GROUPS))
+    name, column = GROUPS[group_by]
+    query = (
+        AiUsageLog.select(
+            column.alias('group_key'),
+            fn.COUNT(AiUsageLog.id).alias('calls'),
+            fn.SUM(AiUsageLog.prompt_tokens).alias('prompt_tokens'),
+            fn.SUM(AiUsageLog.completion_tokens).alias('completion_tokens'),
+            fn.SUM(AiUsageLog.cost).alias('cost'),
+            fn.COUNT(AiUsageLog.error_code).alias('errors'),
+        )
+        .where((AiUsageLog.created_at >= since) & (AiUsageLog.created_at < until))
+        .group_by(column)
+        .dicts()
+    )
+    rows = [_total(name, row) for row in query]
+    return sorted(rows, key=lambda r: (-Decimal(r['cost']), r[name]))
+
+
+def _total(name, row):
+    # SQLite sums DECIMAL columns as floats; str() then quantize gives back the stored cents.
+    cost = Decimal(str(row['cost'] or 0)).quantize(COST_PLACES)
+    return {
+        name: row['group_key'],
+        'calls': int(row['calls']),
+        'promptTokens': int(row['prompt_tokens'] or 0),
+        'completionTokens': int(row['completion_tokens'] or 0),
+        'cost': str(cost),
+        'errors': int(row['errors']),
+    }

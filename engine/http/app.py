@@ -1,0 +1,474 @@
+"""The HTTP API (contracts §7) as a bottle app: routes, bearer auth, JSON bodies and JSON errors.
+
+bottle's thread-local ``request``/``response`` stay in this module; everything below the routes
+takes and returns plain values. Every route runs inside ``_Guard``, which turns an AiJobError
+into its public JSON error (by the error's ``code``, ``http_status`` and ``public_message``),
+anything unexpected into one clean 500, and writes one access-log line.
+"""
+
+import datetime
+import hashlib
+import json
+import logging
+import time
+
+import bottle
+import peewee
+
+from ..core.errors import (
+    AiJobError,
+    InvalidRequestError,
+    JobNotFoundError,
+    StoreUnavailableError,
+    UnknownJobTypeError,
+)
+from ..core.lifecycle import RUNNING, TERMINAL
+from ..core.logs import log_event
+from ..core.service import CreateJobInput
+from ..core.store import OperationalError
+from ..execution.usage import usage_totals
+from . import params as admin_jobs
+from . import views
+from .auth import TokenStore, bearer_token
+from .openapi import build_openapi
+
+JSON_TYPE = 'application/json'
+MAX_WAIT_MS = 30_000
+USAGE_GROUPS = {'user': 'user', 'jobType': 'job_type'}
+CREATE_FIELDS = ('jobType', 'targetType', 'targetId', 'input', 'idempotencyKey', 'overrides')
+
+# Codes for errors raised by the HTTP layer itself (and by bottle: no route, wrong method).
+HTTP_CODES = {
+    400: 'INVALID_REQUEST',
+    401: 'UNAUTHORIZED',
+    403: 'FORBIDDEN',
+    404: 'NOT_FOUND',
+    405: 'METHOD_NOT_ALLOWED',
+    413: 'PAYLOAD_TOO_LARGE',
+    415: 'UNSUPPORTED_MEDIA_TYPE',
+    500: 'INTERNAL_ERROR',
+}
+HTTP_MESSAGES = {
+    404: 'No such endpoint.',
+    405: 'Method not allowed on this endpoint.',
+    500: 'Internal error.',
+}
+
+
+class HttpError(AiJobError):
+    """An error of the HTTP layer (auth, body, media type), with its own code and status."""
+
+    def __init__(self, http_status, message, code=None):
+        super().__init__(message, public_message=message)
+        self.http_status = http_status
+        self.code = code or HTTP_CODES[http_status]
+
+
+UNAUTHORIZED = 'A valid bearer token is required (Authorization: Bearer …).'
+
+
+# ---------------------------------------------------------------- responses
+def reply(body, status=200, headers=None):
+    data = json.dumps(body, separators=(',', ':'), ensure_ascii=False).encode('utf-8')
+    all_headers = {'Content-Type': JSON_TYPE, 'Cache-Control': 'no-store'}
+    all_headers.update(headers or {})
+    return bottle.HTTPResponse(body=data, status=status, headers=all_headers)
+
+
+def error_body(code, message, field=None):
+    error = {'code': code, 'message': message}
+    if field:
+        error['field'] = field
+    return {'error': error}
+
+
+def error_reply(exc):
+    """The JSON error for an AiJobError; a 5xx other than 503 hides everything but its code."""
+    status = exc.http_status
+    if status >= 500 and status != 503:
+        return reply(error_body('INTERNAL_ERROR', HTTP_MESSAGES[500]), 500)
+    headers = {}
+    retry_after = getattr(exc, 'retry_after_s', None)
+    if retry_after is not None and status in (429, 503):
+        headers['Retry-After'] = str(int(retry_after))
+    return reply(
+        error_body(exc.code, exc.public_message, getattr(exc, 'field', None)), status, headers
+    )
+
+
+class _Guard:
+    """bottle plugin: a database connection for the request (unless the route says ``db=False``),
+    error mapping and the access log."""
+
+    api = 2
+    name = 'aijob_guard'
+
+    def __init__(self, store):
+        self.store = store
+
+    def apply(self, callback, route):
+        uses_db = route.config.get('db', True)
+
+        def guarded(*args, **kwargs):
+            started = time.monotonic()
+            result = self._run(callback, uses_db, args, kwargs)
+            _access_log(route, result.status_code, started, kwargs.get('job_id'))
+            return result
+
+        return guarded
+
+    def _run(self, callback, uses_db, args, kwargs):
+        try:
+            if not uses_db:
+                return callback(*args, **kwargs)
+            with self.store.connection():
+                return callback(*args, **kwargs)
+        except AiJobError as exc:
+            return error_reply(exc)
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except (OperationalError, peewee.InterfaceError):
+            # The driver's error stays here; the client only learns that it may try again.
+            log_event('http.store_unavailable', logging.WARNING, exc_info=True)
+            return error_reply(StoreUnavailableError())
+        except Exception:
+            log_event('http.internal_error', logging.ERROR, exc_info=True)
+            return error_reply(HttpError(500, HTTP_MESSAGES[500]))
+
+
+def _access_log(route, status, started, job_id):
+    principal = bottle.request.environ.get('aijob.principal')
+    log_event(
+        'http.request',
+        method=bottle.request.method,
+        route=route.rule,
+        status=status,
+        duration_ms=round((time.monotonic() - started) * 1000, 1),
+        job_id=job_id,
+        user_id=principal.user_id if principal else None,
+    )
+
+
+def _bottle_error(error):
+    """bottle's own errors (no route, wrong method) as JSON errors."""
+    status = error.status_code
+    bottle.response.content_type = JSON_TYPE
+    code = HTTP_CODES.get(status, 'INTERNAL_ERROR' if status >= 500 else 'INVALID_REQUEST')
+    message = HTTP_MESSAGES.get(status, 'The request could not be processed.')
+    return json.dumps(error_body(code, message))
+
+
+# ---------------------------------------------------------------- request helpers
+def _query():
+    return {name: bottle.request.query.getunicode(name) for name in bottle.request.query}
+
+
+def _json_body(max_bytes):
+    """The request body as a JSON object: 413 over ``max_bytes``, 415 unless JSON, 400 unless an
+    object. Reads at most ``max_bytes + 1`` bytes, whatever Content-Length claims."""
+    environ = bottle.request.environ
+    length = bottle.request.content_length
+    if length > max_bytes:
+        raise HttpError(413, 'The request body is larger than %d bytes.' % max_bytes)
+    media_type = environ.get('CONTENT_TYPE', '').split(';')[0].strip().lower()
+    if media_type != JSON_TYPE and not media_type.endswith('+json'):
+        raise HttpError(415, 'The request body must be application/json.')
+    raw = environ['wsgi.input'].read(max_bytes + 1 if length < 0 else length)
+    if len(raw) > max_bytes:
+        raise HttpError(413, 'The request body is larger than %d bytes.' % max_bytes)
+    try:
+        body = json.loads(raw.decode('utf-8'), parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise HttpError(400, 'The request body is not valid JSON.', 'INVALID_JSON') from None
+    if not isinstance(body, dict):
+        raise HttpError(400, 'The request body must be a JSON object.', 'INVALID_JSON')
+    return body
+
+
+def _reject_constant(name):
+    raise ValueError('%s is not JSON' % name)
+
+
+def _wait_ms():
+    raw = bottle.request.query.get('waitMs')
+    if raw is None or raw == '':
+        return 0
+    if not raw.isdigit() or int(raw) > MAX_WAIT_MS:
+        raise InvalidRequestError(
+            'waitMs must be a whole number 0..%d' % MAX_WAIT_MS, field='waitMs'
+        )
+    return int(raw)
+
+
+def _if_none_match():
+    header = bottle.request.get_header('If-None-Match') or ''
+    return {tag.strip().removeprefix('W/') for tag in header.split(',') if tag.strip()}
+
+
+def usage_query(params, now):
+    """(since, until, groupBy) of GET /admin-api/ai/usage; by default the last 24 hours."""
+    unknown = sorted(set(params) - {'since', 'until', 'groupBy'})
+    if unknown:
+        raise InvalidRequestError(
+            'unknown query parameter %s (allowed: since, until, groupBy)' % unknown[0],
+            field=unknown[0],
+        )
+    group_by = params.get('groupBy') or 'user'
+    if group_by not in USAGE_GROUPS:
+        raise InvalidRequestError('groupBy must be user or jobType', field='groupBy')
+    until = admin_jobs.parse_time(params.get('until'), 'until') or now
+    since = admin_jobs.parse_time(params.get('since'), 'since') or until - datetime.timedelta(
+        days=1
+    )
+    if since >= until:
+        raise InvalidRequestError('since must be before until', field='since')
+    return since, until, group_by
+
+
+def create_request(principal, body, header_key):
+    """A CreateJobInput from a POST body: fields a client may not set are refused, never
+    honoured; the job always belongs to the caller."""
+    unknown = sorted(set(body) - set(CREATE_FIELDS))
+    if unknown:
+        raise InvalidRequestError(
+            '%s may not be set by a client (allowed: %s)' % (unknown[0], ', '.join(CREATE_FIELDS)),
+            field=unknown[0],
+        )
+    if not isinstance(body.get('jobType'), str) or not body['jobType']:
+        raise InvalidRequestError('jobType is required and must be a string', field='jobType')
+    body_key = body.get('idempotencyKey')
+    if header_key is not None and body_key is not None and header_key != body_key:
+        raise InvalidRequestError(
+            'the Idempotency-Key header and idempotencyKey differ', field='idempotencyKey'
+        )
+    return CreateJobInput(
+        user_id=principal.user_id,
+        job_type=body['jobType'],
+        target_type=body.get('targetType'),
+        target_id=body.get('targetId'),
+        input=body.get('input', {}),
+        idempotency_key=header_key if header_key is not None else body_key,
+        overrides=body.get('overrides') or {},
+    )
+
+
+# ---------------------------------------------------------------- the routes
+class Api:
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self.store = runtime.store
+        self.tokens = TokenStore(runtime.store)
+        self.max_body_bytes = runtime.config.max_body_bytes
+        self.wait_poll_s = runtime.config.status_wait_poll_ms / 1000.0
+        self.openapi = build_openapi(runtime.registry)
+
+    # -- auth
+    def caller(self):
+        token = bearer_token(bottle.request.get_header('Authorization'))
+        principal = self.tokens.authenticate(token) if token else None
+        if principal is None:
+            raise HttpError(401, UNAUTHORIZED)
+        bottle.request.environ['aijob.principal'] = principal
+        return principal
+
+    def admin(self):
+        principal = self.caller()
+        if not principal.is_admin:
+            raise HttpError(403, 'This endpoint is for SUPER_ADMIN only.')
+        return principal
+
+    def visible_job(self, job_id, principal, admin_sees_all=True):
+        """The job if ``principal`` may see it; otherwise JOB_NOT_FOUND, never 403, so that job
+        ids of other users cannot even be confirmed."""
+        job = views.find_for_status(job_id)
+        if job is None or not (
+            job.user_id == principal.user_id or (admin_sees_all and principal.is_admin)
+        ):
+            raise JobNotFoundError(job_id)
+        return job
+
+    # -- user endpoints
+    def create_job(self):
+        principal = self.caller()
+        body = _json_body(self.max_body_bytes)
+        request = create_request(principal, body, bottle.request.get_header('Idempotency-Key'))
+        if not self.runtime.registry.get(request.job_type).api_creatable:
+            raise UnknownJobTypeError(request.job_type)  # internal-only types stay unlisted
+        result = self.runtime.service.create_job(request)
+        job = result.job
+        if result.created:
+            log_event(
+                'job.created',
+                job_id=job.id,
+                job_type=job.job_type,
+                status=job.lifecycle_status,
+                user_id=job.user_id,
+                queue=job.queue_name,
+            )
+        return reply(
+            self.status_body(job),
+            201 if result.created else 200,
+            {'Location': '/api/ai/jobs/%s' % job.id},
+        )
+
+    def get_job(self, job_id):
+        principal = self.caller()
+        wait_ms, known = _wait_ms(), _if_none_match()
+        job = self.visible_job(job_id, principal)
+        body, etag = self.status_with_etag(job)
+        if wait_ms:
+            body, etag = self.wait_for_change(job_id, body, etag, known, wait_ms)
+        if etag in known:
+            return bottle.HTTPResponse(
+                status=304, headers={'ETag': etag, 'Cache-Control': 'no-cache'}
+            )
+        return reply(body, 200, {'ETag': etag, 'Cache-Control': 'no-cache'})
+
+    def wait_for_change(self, job_id, body, etag, known, wait_ms):
+        """Re-read the job every poll interval until it differs from what the client has (its
+        If-None-Match, else what it would have got now), it is terminal, or time is up."""
+        baseline = known or {etag}
+        deadline = time.monotonic() + wait_ms / 1000.0
+        while etag in baseline and body['lifecycleStatus'] not in TERMINAL:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            time.sleep(min(self.wait_poll_s, remaining))
+            body, etag = self.status_with_etag(views.find_for_status(job_id))
+        return body, etag
+
+    def status_body(self, job):
+        refs = views.artifact_refs([job.id])[job.id] if job.lifecycle_status == 'succeeded' else ()
+        return views.job_status(job, refs)
+
+    def status_with_etag(self, job):
+        body = self.status_body(job)
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode('utf-8')).hexdigest()
+        return body, '"%s"' % digest[:32]
+
+    def get_artifacts(self, job_id):
+        job = self.visible_job(job_id, self.caller())
+        return reply(views.artifact_contents(job))
+
+    def cancel_job(self, job_id):
+        principal = self.caller()
+        job = self.visible_job(job_id, principal, admin_sees_all=False)
+        job = self.runtime.service.cancel_job(job.id)
+        log_event('job.cancel', job_id=job.id, job_type=job.job_type, status=job.lifecycle_status)
+        return reply(self.status_body(job), 202 if job.lifecycle_status == RUNNING else 200)
+
+    # -- admin endpoints
+    def admin_list_jobs(self):
+        self.admin()
+        query = admin_jobs.parse_query(_query())
+        jobs, next_cursor = admin_jobs.list_jobs(query)
+        refs = views.artifact_refs([job.id for job in jobs if job.lifecycle_status == 'succeeded'])
+        items = [views.admin_job(job, refs.get(job.id, ())) for job in jobs]
+        return reply({'items': items, 'nextCursor': next_cursor, 'limit': query.limit})
+
+    def admin_retry_job(self, job_id):
+        self.admin()
+        job = self.runtime.service.retry_job(job_id)
+        log_event(
+            'job.retried',
+            job_id=job.id,
+            job_type=job.job_type,
+            retry_of_job_id=job_id,
+            status=job.lifecycle_status,
+        )
+        return reply(views.admin_job(job), 201, {'Location': '/api/ai/jobs/%s' % job.id})
+
+    # -- users' provider keys; the key itself never comes back, only its mask
+    def register_credential(self):
+        principal = self.caller()
+        body = _json_body(self.max_body_bytes)
+        unknown = sorted(set(body) - {'provider', 'apiKey'})
+        if unknown:
+            raise InvalidRequestError(
+                '%s is not a credential field (allowed: provider, apiKey)' % unknown[0],
+                field=unknown[0],
+            )
+        info = self.runtime.ai.credential_store.register(
+            principal.user_id, body.get('provider'), body.get('apiKey')
+        )
+        log_event(
+            'credential.registered',
+            credential_id=info.id,
+            provider=info.provider,
+            user_id=principal.user_id,
+        )
+        return reply(views.credential(info), 201)
+
+    def list_credentials(self):
+        principal = self.caller()
+        infos = self.runtime.ai.credential_store.list(principal.user_id)
+        return reply({'items': [views.credential(info) for info in infos]})
+
+    def delete_credential(self, credential_id):
+        principal = self.caller()
+        if not self.runtime.ai.credential_store.delete(principal.user_id, credential_id):
+            raise HttpError(404, 'Credential not found.', 'CREDENTIAL_NOT_FOUND')
+        log_event('credential.deleted', credential_id=credential_id, user_id=principal.user_id)
+        return bottle.HTTPResponse(status=204)
+
+    def admin_usage(self):
+        self.admin()
+        since, until, group_by = usage_query(_query(), self.store.clock())
+        totals = usage_totals(since, until, USAGE_GROUPS[group_by])
+        return reply(
+            {
+                'since': views.iso(since),
+                'until': views.iso(until),
+                'groupBy': group_by,
+                'totals': totals,
+            }
+        )
+
+    # -- operations
+    def healthz(self):
+        return reply({'status': 'ok'})
+
+    def readyz(self):
+        checks = {'database': _check(self.store.ping), 'queue': _check(self.runtime.queue.ping)}
+        if all(value == 'ok' for value in checks.values()):
+            return reply({'status': 'ready', 'checks': checks})
+        body = error_body('NOT_READY', 'A dependency of the service is unreachable.')
+        body['checks'] = checks
+        return reply(body, 503, {'Retry-After': '5'})
+
+    def openapi_document(self):
+        return reply(self.openapi)
+
+
+def _check(ping):
+    try:
+        ping()
+        return 'ok'
+    except AiJobError:
+        return 'unavailable'
+
+
+def create_app(runtime):
+    """The WSGI application for ``runtime``."""
+    api = Api(runtime)
+    app = bottle.Bottle(catchall=True)
+    app.install(_Guard(runtime.store))
+    app.default_error_handler = _bottle_error
+    routes = (
+        ('POST', '/api/ai/jobs', api.create_job, True),
+        ('GET', '/api/ai/jobs/<job_id>', api.get_job, True),
+        ('GET', '/api/ai/jobs/<job_id>/artifacts', api.get_artifacts, True),
+        ('POST', '/api/ai/jobs/<job_id>/cancel', api.cancel_job, True),
+        ('GET', '/admin-api/ai/jobs', api.admin_list_jobs, True),
+        ('POST', '/admin-api/ai/jobs/<job_id>/retry', api.admin_retry_job, True),
+        ('POST', '/api/ai/credentials', api.register_credential, True),
+        ('GET', '/api/ai/credentials', api.list_credentials, True),
+        ('DELETE', '/api/ai/credentials/<credential_id>', api.delete_credential, True),
+        ('GET', '/admin-api/ai/usage', api.admin_usage, True),
+        ('GET', '/healthz', api.healthz, False),
+        ('GET', '/readyz', api.readyz, False),
+        ('GET', '/openapi.json', api.openapi_document, False),
+    )
+    for method, path, callback, uses_db in routes:
+        app.route(path, method, callback, db=uses_db)
+    return app

@@ -1,0 +1,547 @@
+"""The OpenAPI 3.1 document served at ``/openapi.json``: every endpoint, parameter, response and
+error code. The test client validates every response the suite sees against it, so it cannot
+drift from what the API really answers."""
+
+from ..core.lifecycle import LEGACY_STATUS_TO_LIFECYCLE, Status
+from ..core.registry import CREDENTIAL_MODES, QUEUE_NAMES
+from .params import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+
+STATUSES = [status.value for status in Status]
+TIME = {'type': 'string', 'format': 'date-time'}
+NULLABLE_TIME = {'type': ['string', 'null'], 'format': 'date-time'}
+
+# Which codes each HTTP error status can carry (contracts §7.3 and the HTTP layer).
+ERROR_CODES = {
+    400: 'INVALID_JSON, INVALID_REQUEST, INVALID_INPUT or UNKNOWN_JOB_TYPE; `field` names the '
+    'offending field when there is one',
+    401: 'UNAUTHORIZED: the bearer token is missing, malformed, unknown or revoked',
+    403: 'FORBIDDEN: the endpoint is for SUPER_ADMIN only',
+    404: 'JOB_NOT_FOUND: no such job, or not one of yours (never 403 for a job); NOT_FOUND for '
+    'an unknown path',
+    405: 'METHOD_NOT_ALLOWED',
+    409: 'JOB_NOT_CANCELLABLE, JOB_ALREADY_CANCELLED or JOB_NOT_RETRYABLE',
+    413: 'PAYLOAD_TOO_LARGE: the body is over AIJOB_MAX_BODY_BYTES',
+    415: 'UNSUPPORTED_MEDIA_TYPE: the body must be application/json',
+    422: 'IDEMPOTENCY_KEY_REUSED: the key was used before with a different request',
+    429: 'TOO_MANY_JOBS (too many unfinished jobs) or QUOTA_EXCEEDED (daily quota); see '
+    'Retry-After',
+    500: 'INTERNAL_ERROR: nothing else is said',
+    503: 'PLATFORM_UNAVAILABLE: the AI platform or the store is unavailable; see Retry-After. '
+    'CREDENTIAL_STORAGE_UNAVAILABLE: no credential master key is configured',
+}
+RETRY_AFTER = {
+    'Retry-After': {
+        'description': 'Seconds to wait before trying again.',
+        'schema': {'type': 'integer', 'minimum': 0},
+    }
+}
+
+
+def _ref(name):
+    return {'$ref': '#/components/schemas/%s' % name}
+
+
+def _json(description, schema, headers=None):
+    response = {'description': description, 'content': {'application/json': {'schema': schema}}}
+    if headers:
+        response['headers'] = headers
+    return response
+
+
+def _errors(*statuses):
+    return {
+        str(status): _json(
+            ERROR_CODES[status], _ref('Error'), RETRY_AFTER if status in (429, 503) else None
+        )
+        for status in statuses + (500,)
+    }
+
+
+def _job_id_param():
+    return {'name': 'jobId', 'in': 'path', 'required': True, 'schema': {'type': 'string'}}
+
+
+def _query_param(name, description, schema=None):
+    return {
+        'name': name,
+        'in': 'query',
+        'required': False,
+        'description': description,
+        'schema': schema or {'type': 'string'},
+    }
+
+
+def _schemas(job_types):
+    job_status = {
+        'type': 'object',
+        'additionalProperties': False,
+        'required': [
+            'jobId',
+            'jobType',
+            'lifecycleStatus',
+            'queueName',
+            'priority',
+            'progress',
+            'createdAt',
+        ],
+        'properties': {
+            'jobId': {'type': 'string'},
+            'jobType': {'type': 'string'},
+            'lifecycleStatus': {'enum': STATUSES},
+            'queueName': {'type': 'string'},
+            'priority': {'type': 'integer', 'minimum': 0, 'maximum': 100},
+            'progress': {'type': 'integer', 'minimum': 0, 'maximum': 100},
+            'createdAt': TIME,
+            'startedAt': TIME,
+            'finishedAt': TIME,
+            'errorCode': {'type': 'string'},
+            'publicErrorMessage': {'type': 'string', 'description': 'Safe to show a user.'},
+            'result': {
+                'type': 'object',
+                'additionalProperties': False,
+                'required': ['artifactCount', 'artifacts'],
+                'properties': {
+                    'artifactCount': {'type': 'integer', 'minimum': 0},
+                    'artifacts': {'type': 'array', 'items': _ref('ArtifactRef')},
+                },
+            },
+        },
+    }
+    admin_job = dict(
+        job_status,
+        properties=dict(
+            job_status['properties'],
+            **{
+                'userId': {'type': 'string'},
+                'targetType': {'type': 'string'},
+                'targetId': {'type': 'string'},
+                'attemptNo': {'type': 'integer'},
+                'retryCount': {'type': 'integer'},
+                'maxRetryCount': {'type': 'integer'},
+                'internalErrorMessage': {
+                    'type': ['string', 'null'],
+                    'description': 'SUPER_ADMIN only (contracts §7.4).',
+                },
+                'retryOfJobId': {'type': ['string', 'null']},
+                'cancelRequestedAt': NULLABLE_TIME,
+                'updatedAt': TIME,
+            },
+        ),
+        required=job_status['required'] + ['userId', 'internalErrorMessage'],
+    )
+    return {
+        'JobStatusResponse': job_status,
+        'AdminJob': admin_job,
+        'ArtifactRef': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['artifactType', 'artifactId'],
+            'properties': {'artifactType': {'type': 'string'}, 'artifactId': {'type': 'string'}},
+        },
+        'CreateJobRequest': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['jobType', 'targetType', 'targetId'],
+            'properties': {
+                'jobType': {'type': 'string', 'enum': job_types},
+                'targetType': {'type': 'string', 'maxLength': 64},
+                'targetId': {'type': 'string', 'maxLength': 128},
+                'input': {
+                    'type': 'object',
+                    'description': "Checked against the job type's input schema.",
+                },
+                'idempotencyKey': {
+                    'type': 'string',
+                    'maxLength': 255,
+                    'description': 'Or the Idempotency-Key header.',
+                },
+                'overrides': {
+                    'type': 'object',
+                    'additionalProperties': False,
+                    'properties': {
+                        'priority': {'type': 'integer', 'minimum': 0, 'maximum': 100},
+                        'credentialMode': {'enum': list(CREDENTIAL_MODES)},
+                        'credentialId': {'type': 'string'},
+                        'promptVersion': {'type': 'string'},
+                        'outputSchemaVersion': {'type': 'string'},
+                    },
+                },
+            },
+        },
+        'ArtifactList': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['jobId', 'lifecycleStatus', 'artifacts'],
+            'properties': {
+                'jobId': {'type': 'string'},
+                'lifecycleStatus': {'enum': STATUSES},
+                'artifacts': {
+                    'type': 'array',
+                    'items': {
+                        'type': 'object',
+                        'additionalProperties': False,
+                        'required': ['artifactType', 'artifactId', 'ordinal', 'content'],
+                        'properties': {
+                            'artifactType': {'type': 'string'},
+                            'artifactId': {'type': 'string'},
+                            'ordinal': {'type': 'integer'},
+                            'content': {
+                                'description': 'The artifact JSON; null when a '
+                                'business projector keeps it elsewhere.'
+                            },
+                        },
+                    },
+                },
+            },
+        },
+        'AdminJobList': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['items', 'nextCursor', 'limit'],
+            'properties': {
+                'items': {'type': 'array', 'items': _ref('AdminJob')},
+                'nextCursor': {
+                    'type': ['string', 'null'],
+                    'description': 'Pass as `cursor` for the next page; null on the last page.',
+                },
+                'limit': {'type': 'integer'},
+            },
+        },
+        'CreateCredentialRequest': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['provider', 'apiKey'],
+            'properties': {
+                'provider': {'type': 'string', 'examples': ['deepseek']},
+                'apiKey': {'type': 'string', 'maxLength': 512},
+            },
+        },
+        'Credential': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['id', 'provider', 'maskedKey', 'createdAt'],
+            'properties': {
+                'id': {'type': 'string'},
+                'provider': {'type': 'string'},
+                'maskedKey': {'type': 'string'},
+                'createdAt': TIME,
+            },
+        },
+        'CredentialList': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['items'],
+            'properties': {'items': {'type': 'array', 'items': _ref('Credential')}},
+        },
+        'UsageTotals': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['since', 'until', 'groupBy', 'totals'],
+            'properties': {
+                'since': TIME,
+                'until': TIME,
+                'groupBy': {'enum': ['user', 'jobType']},
+                'totals': {
+                    'type': 'array',
+                    'items': {
+                        'type': 'object',
+                        'additionalProperties': False,
+                        'required': ['calls', 'promptTokens', 'completionTokens', 'cost', 'errors'],
+                        'properties': {
+                            'userId': {'type': 'string'},
+                            'jobType': {'type': 'string'},
+                            'calls': {'type': 'integer'},
+                            'promptTokens': {'type': 'integer'},
+                            'completionTokens': {'type': 'integer'},
+                            'cost': {'type': 'string', 'description': 'Decimal, as text.'},
+                            'errors': {'type': 'integer'},
+                        },
+                    },
+                },
+            },
+        },
+        'Health': {
+            'type': 'object',
+            'required': ['status'],
+            'properties': {'status': {'enum': ['ok', 'ready']}, 'checks': _ref('Checks')},
+        },
+        'Checks': {'type': 'object', 'additionalProperties': {'enum': ['ok', 'unavailable']}},
+        'Error': {
+            'type': 'object',
+            'required': ['error'],
+            'properties': {
+                'error': {
+                    'type': 'object',
+                    'additionalProperties': False,
+                    'required': ['code', 'message'],
+                    'properties': {
+                        'code': {'type': 'string', 'pattern': '^[A-Z][A-Z_]+$'},
+                        'message': {'type': 'string'},
+                        'field': {'type': 'string'},
+                    },
+                },
+                'checks': _ref('Checks'),
+            },
+        },
+    }
+
+
+def _job_paths():
+    job_id = _job_id_param()
+    return {
+        '/api/ai/jobs': {
+            'post': {
+                'summary': 'Create a job for the caller (idempotent with a key).',
+                'parameters': [
+                    {
+                        'name': 'Idempotency-Key',
+                        'in': 'header',
+                        'required': False,
+                        'schema': {'type': 'string', 'maxLength': 255},
+                    }
+                ],
+                'requestBody': {
+                    'required': True,
+                    'content': {'application/json': {'schema': _ref('CreateJobRequest')}},
+                },
+                'responses': dict(
+                    {
+                        '201': _json('Created.', _ref('JobStatusResponse')),
+                        '200': _json(
+                            'Idempotent replay: the job created earlier with this key.',
+                            _ref('JobStatusResponse'),
+                        ),
+                    },
+                    **_errors(400, 401, 413, 415, 422, 429, 503),
+                ),
+            }
+        },
+        '/api/ai/jobs/{jobId}': {
+            'get': {
+                'summary': 'Job status (owner or SUPER_ADMIN). Poll with If-None-Match and waitMs.',
+                'parameters': [
+                    job_id,
+                    _query_param(
+                        'waitMs',
+                        'Wait up to this long (max 30000) for the job to change from what '
+                        'If-None-Match names (or from its state now); answers at once when it '
+                        'does.',
+                        {'type': 'integer', 'minimum': 0, 'maximum': 30000},
+                    ),
+                    {
+                        'name': 'If-None-Match',
+                        'in': 'header',
+                        'required': False,
+                        'schema': {'type': 'string'},
+                    },
+                ],
+                'responses': dict(
+                    {
+                        '200': _json(
+                            'The job.',
+                            _ref('JobStatusResponse'),
+                            {'ETag': {'schema': {'type': 'string'}}},
+                        ),
+                        '304': {'description': 'Unchanged since the ETag in If-None-Match.'},
+                    },
+                    **_errors(400, 401, 404, 503),
+                ),
+            }
+        },
+        '/api/ai/jobs/{jobId}/artifacts': {
+            'get': {
+                'summary': 'The artifact contents of a job, in ordinal order (owner or '
+                'SUPER_ADMIN).',
+                'parameters': [job_id],
+                'responses': dict(
+                    {'200': _json('The artifacts.', _ref('ArtifactList'))}, **_errors(401, 404, 503)
+                ),
+            }
+        },
+        '/api/ai/jobs/{jobId}/cancel': {
+            'post': {
+                'summary': 'Cancel a job (owner only).',
+                'parameters': [job_id],
+                'responses': dict(
+                    {
+                        '200': _json('Cancelled (it was queued).', _ref('JobStatusResponse')),
+                        '202': _json(
+                            'Cancel requested; the running job stops shortly.',
+                            _ref('JobStatusResponse'),
+                        ),
+                    },
+                    **_errors(401, 404, 409, 503),
+                ),
+            }
+        },
+    }
+
+
+def _admin_paths():
+    return {
+        '/admin-api/ai/jobs': {
+            'get': {
+                'summary': 'List jobs, newest first (SUPER_ADMIN).',
+                'parameters': [
+                    _query_param('jobType', 'Only this job type.'),
+                    _query_param(
+                        'lifecycleStatus',
+                        'Comma-separated statuses: %s; legacy names %s '
+                        'are accepted.'
+                        % (', '.join(STATUSES), ', '.join(LEGACY_STATUS_TO_LIFECYCLE)),
+                    ),
+                    _query_param('queueName', 'Only this queue.', {'enum': list(QUEUE_NAMES)}),
+                    _query_param('userId', 'Only this user.'),
+                    _query_param('createdFrom', 'Created at or after (ISO-8601).', TIME),
+                    _query_param('createdTo', 'Created before (ISO-8601).', TIME),
+                    _query_param(
+                        'limit',
+                        'Page size (default %d).' % DEFAULT_PAGE_SIZE,
+                        {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE_SIZE},
+                    ),
+                    _query_param('cursor', 'The nextCursor of the previous page.'),
+                ],
+                'responses': dict(
+                    {'200': _json('One page.', _ref('AdminJobList'))}, **_errors(400, 401, 403, 503)
+                ),
+            }
+        },
+        '/admin-api/ai/jobs/{jobId}/retry': {
+            'post': {
+                'summary': 'Retry a failed or cancelled job as a new job (SUPER_ADMIN).',
+                'parameters': [_job_id_param()],
+                'responses': dict(
+                    {'201': _json('The new job, linked by retryOfJobId.', _ref('AdminJob'))},
+                    **_errors(401, 403, 404, 409, 429, 503),
+                ),
+            }
+        },
+    }
+
+
+def _credential_and_usage_paths():
+    return {
+        '/api/ai/credentials': {
+            'post': {
+                'summary': "Register one of the caller's provider keys (kept encrypted).",
+                'requestBody': {
+                    'required': True,
+                    'content': {'application/json': {'schema': _ref('CreateCredentialRequest')}},
+                },
+                'responses': dict(
+                    {'201': _json('Registered; only the mask is returned.', _ref('Credential'))},
+                    **_errors(400, 401, 413, 415, 503),
+                ),
+            },
+            'get': {
+                'summary': "The caller's provider keys (masked).",
+                'responses': dict(
+                    {'200': _json('The keys.', _ref('CredentialList'))}, **_errors(401, 503)
+                ),
+            },
+        },
+        '/api/ai/credentials/{credentialId}': {
+            'delete': {
+                'summary': "Delete one of the caller's provider keys.",
+                'parameters': [
+                    {
+                        'name': 'credentialId',
+                        'in': 'path',
+                        'required': True,
+                        'schema': {'type': 'string'},
+                    }
+                ],
+                'responses': dict(
+                    {
+                        '204': {'description': 'Deleted.'},
+                        '404': _json('CREDENTIAL_NOT_FOUND: no such key of yours.', _ref('Error')),
+                    },
+                    **_errors(401, 503),
+                ),
+            }
+        },
+        '/admin-api/ai/usage': {
+            'get': {
+                'summary': 'Provider usage totals per user or per job type (SUPER_ADMIN).',
+                'parameters': [
+                    _query_param(
+                        'since', 'From (inclusive, ISO-8601); default until minus 24 h.', TIME
+                    ),
+                    _query_param('until', 'To (exclusive, ISO-8601); default now.', TIME),
+                    _query_param(
+                        'groupBy', 'user (default) or jobType.', {'enum': ['user', 'jobType']}
+                    ),
+                ],
+                'responses': dict(
+                    {'200': _json('Totals, costliest first.', _ref('UsageTotals'))},
+                    **_errors(400, 401, 403, 503),
+                ),
+            }
+        },
+    }
+
+
+def _operations_paths():
+    return {
+        '/healthz': {
+            'get': {
+                'summary': 'The process is alive.',
+                'security': [],
+                'responses': dict({'200': _json('Alive.', _ref('Health'))}, **_errors()),
+            }
+        },
+        '/readyz': {
+            'get': {
+                'summary': 'The database and the queue answer.',
+                'security': [],
+                'responses': dict(
+                    {
+                        '200': _json('Ready.', _ref('Health')),
+                        '503': _json(
+                            'NOT_READY: a dependency is unreachable; `checks` says which.',
+                            _ref('Error'),
+                            RETRY_AFTER,
+                        ),
+                    },
+                    **{'500': _errors()['500']},
+                ),
+            }
+        },
+        '/openapi.json': {
+            'get': {
+                'summary': 'This document.',
+                'security': [],
+                'responses': dict({'200': _json('OpenAPI 3.1.', {'type': 'object'})}, **_errors()),
+            }
+        },
+    }
+
+
+def build_openapi(registry, extra_paths=None, extra_schemas=None):
+    job_types = sorted(d.job_type for d in registry.get_all() if d.api_creatable)
+    paths = {}
+    for part in (
+        _job_paths(),
+        _admin_paths(),
+        _credential_and_usage_paths(),
+        _operations_paths(),
+        extra_paths or {},
+    ):
+        paths.update(part)
+    schemas = _schemas(job_types)
+    schemas.update(extra_schemas or {})
+    return {
+        'openapi': '3.1.0',
+        'info': {
+            'title': 'aijob',
+            'version': '1',
+            'description': 'Durable AI jobs: create, poll, cancel; admin list and retry. '
+            'Every error is {"error": {"code", "message"}}.',
+        },
+        'security': [{'bearerAuth': []}],
+        'paths': paths,
+        'components': {
+            'securitySchemes': {'bearerAuth': {'type': 'http', 'scheme': 'bearer'}},
+            'schemas': schemas,
+        },
+    }
