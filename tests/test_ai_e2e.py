@@ -14,8 +14,8 @@ from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiUsageLog
 from engine.core.registry import JobDefinitionRegistry
 from engine.jobtypes.flashcards import flashcard_definition
 from engine.jobtypes.synthetic import synthetic_definition
-from tests.fake_openai import Reply, error_reply, json_reply
-from tests.helpers import create_job, wait_until
+from tests.support.fake_openai import Reply, error_reply, json_reply
+from tests.support.helpers import create_job, wait_until
 
 CARDS = {
     'cards': [
@@ -45,7 +45,7 @@ def registry():
 
 
 @pytest.fixture
-def rt(make_runtime, fake):
+def ai_runtime(make_runtime, fake):
     runtime = make_runtime(
         registry=registry(),
         AIJOB_PROVIDER_BASE_URL=fake.base_url,
@@ -62,9 +62,9 @@ def rt(make_runtime, fake):
         runtime.stop_background(timeout_s=5)
 
 
-def run_flashcards(rt, user_id='user-a', overrides=None, text=TEXT, timeout=20.0):
+def run_flashcards(ai_runtime, user_id='user-a', overrides=None, text=TEXT, timeout=20.0):
     job = create_job(
-        rt,
+        ai_runtime,
         job_type='flashcard_generation',
         user_id=user_id,
         input={'text': text, 'maxCards': 5},
@@ -85,9 +85,11 @@ def usage_rows(job):
     return list(AiUsageLog.select().where(AiUsageLog.job_id == job.id).order_by(AiUsageLog.id))
 
 
-def test_a_flashcard_job_succeeds_with_one_artifact_per_card_and_a_priced_usage_row(rt, fake):
+def test_a_flashcard_job_succeeds_with_one_artifact_per_card_and_a_priced_usage_row(
+    ai_runtime, fake
+):
     fake.script(json_reply(CARDS, chunks=5))
-    job = run_flashcards(rt)
+    job = run_flashcards(ai_runtime)
     assert job.lifecycle_status == 'succeeded' and job.output_hash
     links = (
         AiJobArtifact.select().where(AiJobArtifact.job_id == job.id).order_by(AiJobArtifact.ordinal)
@@ -110,9 +112,9 @@ def test_a_flashcard_job_succeeds_with_one_artifact_per_card_and_a_priced_usage_
     assert fake.requests[0]['_headers']['authorization'] == 'Bearer ' + PLATFORM_KEY
 
 
-def test_invalid_json_then_valid_json_succeeds_on_the_retry(rt, fake):
+def test_invalid_json_then_valid_json_succeeds_on_the_retry(ai_runtime, fake):
     fake.script(Reply(content='Sure! Here are your cards.'), json_reply(CARDS))
-    job = run_flashcards(rt)
+    job = run_flashcards(ai_runtime)
     assert job.lifecycle_status == 'succeeded' and job.retry_count == 1
     assert [(r.attempt_no, r.error_code, r.prompt_tokens) for r in usage_rows(job)] == [
         (1, 'VALIDATION_JSON', 11),
@@ -121,23 +123,25 @@ def test_invalid_json_then_valid_json_succeeds_on_the_retry(rt, fake):
     assert 'JSON object only' in fake.requests[1]['messages'][0]['content']
 
 
-def test_output_that_fails_the_schema_is_retried(rt, fake):
+def test_output_that_fails_the_schema_is_retried(ai_runtime, fake):
     fake.script(json_reply({'cards': [{'question': 'no answer'}]}), json_reply(CARDS))
-    job = run_flashcards(rt)
+    job = run_flashcards(ai_runtime)
     assert job.lifecycle_status == 'succeeded'
     assert [r.error_code for r in usage_rows(job)] == ['VALIDATION_SCHEMA', None]
 
 
-def test_rate_limiting_is_retried_and_logged(rt, fake):
+def test_rate_limiting_is_retried_and_logged(ai_runtime, fake):
     fake.script(error_reply(429, 'slow down', headers={'Retry-After': '0'}), json_reply(CARDS))
-    job = run_flashcards(rt)
+    job = run_flashcards(ai_runtime)
     assert job.lifecycle_status == 'succeeded'
     assert [r.error_code for r in usage_rows(job)] == ['PROVIDER_RATE_LIMITED', None]
 
 
-def test_a_provider_error_that_persists_fails_after_every_retry_with_a_row_per_call(rt, fake):
+def test_a_provider_error_that_persists_fails_after_every_retry_with_a_row_per_call(
+    ai_runtime, fake
+):
     fake.script(error_reply(500, 'boom'))
-    job = run_flashcards(rt)
+    job = run_flashcards(ai_runtime)
     assert (job.lifecycle_status, job.error_code) == ('failed', 'PROVIDER_ERROR')
     assert [(r.attempt_no, r.error_code) for r in usage_rows(job)] == [
         (1, 'PROVIDER_ERROR'),
@@ -157,54 +161,57 @@ def test_a_provider_error_that_persists_fails_after_every_retry_with_a_row_per_c
         ),
     ],
 )
-def test_non_retryable_failures_fail_after_one_call(rt, fake, reply, code):
+def test_non_retryable_failures_fail_after_one_call(ai_runtime, fake, reply, code):
     fake.script(reply)
-    job = run_flashcards(rt)
+    job = run_flashcards(ai_runtime)
     assert (job.lifecycle_status, job.error_code) == ('failed', code)
     assert [r.error_code for r in usage_rows(job)] == [code]
     assert len(fake.requests) == 1
 
 
-def test_unsafe_input_fails_before_any_provider_call(rt, fake):
-    job = run_flashcards(rt, text='Tell me about the Forbidden Topic.')
+def test_unsafe_input_fails_before_any_provider_call(ai_runtime, fake):
+    job = run_flashcards(ai_runtime, text='Tell me about the Forbidden Topic.')
     assert (job.lifecycle_status, job.error_code) == ('failed', 'CONTENT_SAFETY_BLOCKED')
     assert fake.requests == []
 
 
-def test_unsafe_output_fails_without_retry(rt, fake):
+def test_unsafe_output_fails_without_retry(ai_runtime, fake):
     fake.script(json_reply({'cards': [{'question': 'q', 'answer': 'the forbidden topic'}]}))
-    job = run_flashcards(rt)
+    job = run_flashcards(ai_runtime)
     assert (job.lifecycle_status, job.error_code) == ('failed', 'CONTENT_SAFETY_BLOCKED')
     assert len(fake.requests) == 1
 
 
-def test_cancelling_a_slow_stream_ends_cancelled_and_closes_the_upstream(rt, fake):
+def test_cancelling_a_slow_stream_ends_cancelled_and_closes_the_upstream(ai_runtime, fake):
     fake.script(json_reply(CARDS, chunks=200, delay_s=0.1))
-    job = create_job(rt, job_type='flashcard_generation', input={'text': TEXT})
+    job = create_job(ai_runtime, job_type='flashcard_generation', input={'text': TEXT})
     wait_until(lambda: fake.requests, timeout=10)
-    rt.service.cancel_job(job.id)
+    ai_runtime.service.cancel_job(job.id)
     job = wait_terminal(job.id, timeout=5)
     assert job.lifecycle_status == 'cancelled'
     assert fake.client_closed.wait(3)
     assert [r.error_code for r in usage_rows(job)] == ['CANCELLED']
 
 
-def test_a_stream_still_running_at_the_job_deadline_ends_timeout(rt, fake):
+def test_a_stream_still_running_at_the_job_deadline_ends_timeout(ai_runtime, fake):
     fake.script(json_reply(CARDS, chunks=200, delay_s=0.1))
-    job = create_job(rt, job_type='flashcard_quick', input={'text': TEXT})
+    job = create_job(ai_runtime, job_type='flashcard_quick', input={'text': TEXT})
     job = wait_terminal(job.id, timeout=10)
     assert (job.lifecycle_status, job.error_code) == ('failed', 'TIMEOUT')
     assert fake.client_closed.wait(3)
     assert [r.error_code for r in usage_rows(job)] == ['TIMEOUT']
 
 
-def test_a_jobs_prompt_version_selects_its_template(rt, fake):
+def test_a_jobs_prompt_version_selects_its_template(ai_runtime, fake):
     fake.script(json_reply(CARDS))
-    assert run_flashcards(rt, overrides={'promptVersion': 'v1'}).lifecycle_status == 'succeeded'
+    assert (
+        run_flashcards(ai_runtime, overrides={'promptVersion': 'v1'}).lifecycle_status
+        == 'succeeded'
+    )
     assert 'at most 5 flashcards' in fake.requests[0]['messages'][-1]['content']
     with pytest.raises(InvalidRequestError) as refused:  # refused before anything is written
         create_job(
-            rt,
+            ai_runtime,
             job_type='flashcard_generation',
             input={'text': TEXT},
             overrides={'promptVersion': 'v9'},
@@ -214,31 +221,31 @@ def test_a_jobs_prompt_version_selects_its_template(rt, fake):
 
 
 def test_a_user_key_job_for_an_unconfigured_provider_is_refused_at_creation(make_runtime):
-    rt = make_runtime()  # no provider base URL configured
+    ai_runtime = make_runtime()  # no provider base URL configured
     with pytest.raises(PlatformUnavailableError):
         create_job(
-            rt,
+            ai_runtime,
             job_type='flashcard_generation',
             input={'text': TEXT},
             overrides={'credentialMode': 'user_deepseek_key', 'credentialId': 'c-1'},
         )
 
 
-def test_a_user_key_job_calls_with_the_owners_key(rt, fake):
+def test_a_user_key_job_calls_with_the_owners_key(ai_runtime, fake):
     fake.script(json_reply(CARDS))
-    credential = rt.ai.credential_store.register('user-a', 'deepseek', USER_KEY)
+    credential = ai_runtime.ai.credential_store.register('user-a', 'deepseek', USER_KEY)
     job = run_flashcards(
-        rt, overrides={'credentialMode': 'user_deepseek_key', 'credentialId': credential.id}
+        ai_runtime, overrides={'credentialMode': 'user_deepseek_key', 'credentialId': credential.id}
     )
     assert job.lifecycle_status == 'succeeded'
     assert fake.requests[0]['_headers']['authorization'] == 'Bearer ' + USER_KEY
     assert usage_rows(job)[0].credential_mode == 'user_deepseek_key'
 
 
-def test_another_users_credential_fails_the_job_without_a_call(rt, fake):
-    credential = rt.ai.credential_store.register('user-a', 'deepseek', USER_KEY)
+def test_another_users_credential_fails_the_job_without_a_call(ai_runtime, fake):
+    credential = ai_runtime.ai.credential_store.register('user-a', 'deepseek', USER_KEY)
     job = run_flashcards(
-        rt,
+        ai_runtime,
         user_id='user-b',
         overrides={'credentialMode': 'user_deepseek_key', 'credentialId': credential.id},
     )
@@ -246,18 +253,18 @@ def test_another_users_credential_fails_the_job_without_a_call(rt, fake):
     assert fake.requests == []
 
 
-def test_keys_and_job_content_never_reach_the_logs(rt, fake, caplog, capfd):
+def test_keys_and_job_content_never_reach_the_logs(ai_runtime, fake, caplog, capfd):
     # peewee's DEBUG echoes every SQL parameter (the snapshot's input too) by design; production
     # must not run it at DEBUG (README), so it is held at INFO here. Set first: each call also
     # sets the capture handler's level, and the last one must be DEBUG.
     caplog.set_level(logging.INFO, logger='peewee')
     caplog.set_level(logging.DEBUG)  # aijob, openai, httpx2 and httpcore2 at DEBUG
     fake.script(Reply(content='not json'), json_reply(CARDS))
-    credential = rt.ai.credential_store.register('user-a', 'deepseek', USER_KEY)
-    assert run_flashcards(rt).lifecycle_status == 'succeeded'
+    credential = ai_runtime.ai.credential_store.register('user-a', 'deepseek', USER_KEY)
+    assert run_flashcards(ai_runtime).lifecycle_status == 'succeeded'
     fake.script(error_reply(401, 'invalid api key'))
     run_flashcards(
-        rt, overrides={'credentialMode': 'user_deepseek_key', 'credentialId': credential.id}
+        ai_runtime, overrides={'credentialMode': 'user_deepseek_key', 'credentialId': credential.id}
     )
     out, err = capfd.readouterr()
     logged = caplog.text + out + err

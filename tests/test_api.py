@@ -13,9 +13,9 @@ from engine.core.registry import JobDefinitionRegistry
 from engine.http.app import create_app
 from engine.http.auth import TokenStore
 from engine.jobtypes.synthetic import SYNTHETIC_JOB_DEFINITION, synthetic_definition
-from tests.api_support import ADMIN_JOBS, JOBS, Harness, job_body, run_to_failed, run_to_running
-from tests.helpers import run_threads
-from tests.wsgi_client import WsgiClient
+from tests.support.api import ADMIN_JOBS, JOBS, Harness, job_body, run_to_failed, run_to_running
+from tests.support.helpers import run_threads
+from tests.support.wsgi import WsgiClient
 
 
 def counts():

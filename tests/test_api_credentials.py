@@ -1,25 +1,17 @@
 """Users' provider keys through HTTP, the admin usage totals, and what the logs may contain."""
 
-import base64
 import logging
 
 import pytest
 
 from engine.core.logs import JsonFormatter, quiet_sql_logging
 from engine.core.models import UserModelCredential
-from tests.api_support import FAST_SETTINGS, JOBS, Harness, job_body, poll_until, running_registry
+from tests.support.api import JOBS, Harness, job_body, poll_until
+from tests.support.runtimes import FAST_SETTINGS, MASTER_KEY, fast_registry
 
 CREDENTIALS = '/api/ai/credentials'
 USAGE = '/admin-api/ai/usage'
-MASTER_KEY = base64.b64encode(b'k' * 32).decode('ascii')
 SECRET_KEY = 'sk-live-0123456789abcdefSECRET'
-
-
-@pytest.fixture
-def keyed_api(make_runtime):
-    runtime = make_runtime(AIJOB_CREDENTIAL_MASTER_KEY=MASTER_KEY)
-    with runtime.store.connection():
-        yield Harness(runtime)
 
 
 def test_register_list_and_delete_a_key_seeing_only_its_mask(keyed_api):
@@ -57,15 +49,10 @@ def test_invalid_credentials_are_400_naming_the_field(keyed_api, body, field):
     assert UserModelCredential.select().count() == 0
 
 
-def test_without_a_master_key_registering_is_503(api_without_key):
-    response = api_without_key.a.post(CREDENTIALS, {'provider': 'deepseek', 'apiKey': SECRET_KEY})
+def test_without_a_master_key_registering_is_503(api):  # ``api`` has no master key
+    response = api.a.post(CREDENTIALS, {'provider': 'deepseek', 'apiKey': SECRET_KEY})
     assert response.status == 503 and response.error_code == 'CREDENTIAL_STORAGE_UNAVAILABLE'
     assert UserModelCredential.select().count() == 0
-
-
-@pytest.fixture
-def api_without_key(runtime):
-    return Harness(runtime)
 
 
 def test_admin_usage_totals_per_user_and_per_job_type(live_api):
@@ -91,19 +78,19 @@ def test_admin_usage_totals_per_user_and_per_job_type(live_api):
         ({'from': '2030-01-01'}, 'from'),
     ],
 )
-def test_admin_usage_rejects_bad_parameters(api_without_key, query, field):
-    response = api_without_key.admin.get(USAGE, query=query)
+def test_admin_usage_rejects_bad_parameters(api, query, field):
+    response = api.admin.get(USAGE, query=query)
     assert response.status == 400 and response.json['error']['field'] == field
 
 
-def test_users_get_403_on_admin_usage(api_without_key):
-    response = api_without_key.a.get(USAGE)
+def test_users_get_403_on_admin_usage(api):
+    response = api.a.get(USAGE)
     assert response.status == 403 and response.error_code == 'FORBIDDEN'
 
 
 def test_logs_never_contain_input_output_tokens_or_keys(make_runtime, caplog):
     runtime = make_runtime(
-        registry=running_registry(), AIJOB_CREDENTIAL_MASTER_KEY=MASTER_KEY, **FAST_SETTINGS
+        registry=fast_registry(), AIJOB_CREDENTIAL_MASTER_KEY=MASTER_KEY, **FAST_SETTINGS
     )
     marker = 'do-not-log-4f1c'
     quiet_sql_logging()  # as configure() does in every process

@@ -2,7 +2,7 @@
 succeeded → artifacts, cancel queued and running, failure details by role, admin retry."""
 
 from engine.core.models import AiJob
-from tests.api_support import ADMIN_JOBS, JOBS, job_body, poll_until
+from tests.support.api import ADMIN_JOBS, JOBS, job_body, poll_until
 
 
 def test_create_poll_succeed_and_read_the_artifacts(live_api):

@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
-from tests.wsgi_client import OpenApiCheck, Response
+from tests.support.wsgi import OpenApiCheck, Response
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -17,41 +17,30 @@ from engine.execution.credentials import (
 )
 from engine.execution.providers import Credential
 from engine.execution.services import build_ai_services
-from tests.helpers import create_job
+from tests.support.helpers import create_job
 
-MASTER = base64.b64encode(b'k' * 32).decode()
 OTHER_MASTER = base64.b64encode(b'j' * 32).decode()
 KEY_A = 'sk-user-a-3f9c1e77d2b84a6b9e01'
-PROVIDER_SETTINGS = {
-    'AIJOB_CREDENTIAL_MASTER_KEY': MASTER,
-    'AIJOB_PROVIDER_BASE_URL': 'http://127.0.0.1:9/v1',
-    'AIJOB_PLATFORM_API_KEY': 'sk-platform-0000000000',
-}
 
 
-@pytest.fixture
-def rt(make_runtime):
-    runtime = make_runtime(**PROVIDER_SETTINGS)
-    with runtime.store.connection():
-        yield runtime
-
-
-def test_a_registered_key_is_stored_encrypted_and_shown_masked(rt):
-    info = rt.ai.credential_store.register('user-a', 'deepseek', KEY_A)
+def test_a_registered_key_is_stored_encrypted_and_shown_masked(keyed_runtime):
+    info = keyed_runtime.ai.credential_store.register('user-a', 'deepseek', KEY_A)
     assert info.masked_key == 'sk-...9e01' and info.provider == 'deepseek' and info.created_at
     dump = repr(list(UserModelCredential.select().dicts()))
-    dump += repr(rt.store.db.execute_sql('SELECT * FROM user_model_credential').fetchall())
+    dump += repr(
+        keyed_runtime.store.db.execute_sql('SELECT * FROM user_model_credential').fetchall()
+    )
     assert KEY_A not in dump and KEY_A[3:] not in dump
     assert 'encrypted_key' not in repr(info) and KEY_A not in repr(info)
 
 
-def test_the_owner_gets_the_key_back_in_clear_only_by_decrypting(rt):
-    info = rt.ai.credential_store.register('user-a', 'deepseek', KEY_A)
-    assert rt.ai.credential_store.decrypt('user-a', info.id) == KEY_A
+def test_the_owner_gets_the_key_back_in_clear_only_by_decrypting(keyed_runtime):
+    info = keyed_runtime.ai.credential_store.register('user-a', 'deepseek', KEY_A)
+    assert keyed_runtime.ai.credential_store.decrypt('user-a', info.id) == KEY_A
 
 
-def test_another_user_can_neither_see_use_nor_delete_a_credential(rt):
-    store = rt.ai.credential_store
+def test_another_user_can_neither_see_use_nor_delete_a_credential(keyed_runtime):
+    store = keyed_runtime.ai.credential_store
     info = store.register('user-a', 'deepseek', KEY_A)
     assert store.list('user-b') == []
     assert store.get_for_user('user-b', info.id) is None
@@ -61,24 +50,24 @@ def test_another_user_can_neither_see_use_nor_delete_a_credential(rt):
     assert [c.id for c in store.list('user-a')] == [info.id]
 
 
-def test_the_owner_deletes_a_credential_once(rt):
-    store = rt.ai.credential_store
+def test_the_owner_deletes_a_credential_once(keyed_runtime):
+    store = keyed_runtime.ai.credential_store
     info = store.register('user-a', 'deepseek', KEY_A)
     assert store.delete('user-a', info.id) is True
     assert store.delete('user-a', info.id) is False
     assert store.list('user-a') == []
 
 
-def test_a_wrong_master_key_makes_the_credential_undecryptable(rt):
-    info = rt.ai.credential_store.register('user-a', 'deepseek', KEY_A)
-    other = CredentialStore(rt.store, base64.b64decode(OTHER_MASTER))
+def test_a_wrong_master_key_makes_the_credential_undecryptable(keyed_runtime):
+    info = keyed_runtime.ai.credential_store.register('user-a', 'deepseek', KEY_A)
+    other = CredentialStore(keyed_runtime.store, base64.b64decode(OTHER_MASTER))
     with pytest.raises(CredentialUndecryptableError) as caught:
         other.decrypt('user-a', info.id)
     assert caught.value.code == 'CREDENTIAL_UNDECRYPTABLE' and not caught.value.retryable
 
 
-def test_a_ciphertext_copied_to_another_users_row_does_not_decrypt(rt):
-    store = rt.ai.credential_store
+def test_a_ciphertext_copied_to_another_users_row_does_not_decrypt(keyed_runtime):
+    store = keyed_runtime.ai.credential_store
     mine = store.register('user-a', 'deepseek', KEY_A)
     theirs = store.register('user-b', 'deepseek', 'sk-user-b-000000000000000')
     sealed = UserModelCredential.get_by_id(mine.id).encrypted_key
@@ -99,9 +88,9 @@ def test_without_a_master_key_keys_cannot_be_registered(make_runtime):
     'provider, api_key',
     [('deepseek', ''), ('deepseek', 'sk with space'), ('DeepSeek!', KEY_A), ('deepseek', None)],
 )
-def test_malformed_registrations_are_rejected(rt, provider, api_key):
+def test_malformed_registrations_are_rejected(keyed_runtime, provider, api_key):
     with pytest.raises(InvalidRequestError):
-        rt.ai.credential_store.register('user-a', provider, api_key)
+        keyed_runtime.ai.credential_store.register('user-a', provider, api_key)
 
 
 def test_short_keys_are_masked_completely():
@@ -116,9 +105,9 @@ def test_a_malformed_master_key_stops_start_up_without_echoing_it(value):
 
 
 # ---------------------------------------------------------------- the resolver
-def user_key_job(rt, user_id, credential_id):
+def user_key_job(keyed_runtime, user_id, credential_id):
     return create_job(
-        rt,
+        keyed_runtime,
         job_type='flashcard_generation',
         user_id=user_id,
         input={'text': 'Some text.'},
@@ -126,31 +115,35 @@ def user_key_job(rt, user_id, credential_id):
     )
 
 
-def test_a_user_key_job_resolves_to_the_owners_decrypted_key(rt):
-    info = rt.ai.credential_store.register('user-a', 'deepseek', KEY_A)
-    credential = rt.ai.credentials.resolve(user_key_job(rt, 'user-a', info.id))
+def test_a_user_key_job_resolves_to_the_owners_decrypted_key(keyed_runtime):
+    info = keyed_runtime.ai.credential_store.register('user-a', 'deepseek', KEY_A)
+    credential = keyed_runtime.ai.credentials.resolve(
+        user_key_job(keyed_runtime, 'user-a', info.id)
+    )
     assert credential == Credential('user_deepseek_key', KEY_A, info.id)
     assert KEY_A not in repr(credential)
 
 
-def test_a_job_naming_another_users_credential_fails_credential_not_found(rt):
-    info = rt.ai.credential_store.register('user-a', 'deepseek', KEY_A)
+def test_a_job_naming_another_users_credential_fails_credential_not_found(keyed_runtime):
+    info = keyed_runtime.ai.credential_store.register('user-a', 'deepseek', KEY_A)
     with pytest.raises(CredentialNotFoundError) as caught:
-        rt.ai.credentials.resolve(user_key_job(rt, 'user-b', info.id))
+        keyed_runtime.ai.credentials.resolve(user_key_job(keyed_runtime, 'user-b', info.id))
     assert caught.value.code == 'CREDENTIAL_NOT_FOUND' and not caught.value.retryable
 
 
-def test_a_deleted_credential_fails_the_job_credential_not_found(rt):
-    info = rt.ai.credential_store.register('user-a', 'deepseek', KEY_A)
-    job = user_key_job(rt, 'user-a', info.id)
-    rt.ai.credential_store.delete('user-a', info.id)
+def test_a_deleted_credential_fails_the_job_credential_not_found(keyed_runtime):
+    info = keyed_runtime.ai.credential_store.register('user-a', 'deepseek', KEY_A)
+    job = user_key_job(keyed_runtime, 'user-a', info.id)
+    keyed_runtime.ai.credential_store.delete('user-a', info.id)
     with pytest.raises(CredentialNotFoundError):
-        rt.ai.credentials.resolve(job)
+        keyed_runtime.ai.credentials.resolve(job)
 
 
-def test_platform_mode_takes_the_key_from_the_environment(rt):
-    job = create_job(rt, job_type='flashcard_generation', input={'text': 'Some text.'})
-    assert rt.ai.credentials.resolve(job) == Credential('platform_key', 'sk-platform-0000000000')
+def test_platform_mode_takes_the_key_from_the_environment(keyed_runtime):
+    job = create_job(keyed_runtime, job_type='flashcard_generation', input={'text': 'Some text.'})
+    assert keyed_runtime.ai.credentials.resolve(job) == Credential(
+        'platform_key', 'sk-platform-0000000000'
+    )
 
 
 def test_without_a_master_key_the_store_is_disabled():

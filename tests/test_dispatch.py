@@ -7,8 +7,8 @@ from engine.core.models import AiJob, AiUsageLog, OutboxEvent
 from engine.core.outbox import PENDING, PUBLISHED
 from engine.dispatch.dispatcher import OutboxDispatcher
 from engine.dispatch.redis_queue import RedisQueue
-from tests.engine_support import wait_terminal
-from tests.helpers import create_job, wait_until
+from tests.support.helpers import create_job, wait_until
+from tests.support.runtimes import wait_terminal
 
 
 def pending_jobs(rt, count):

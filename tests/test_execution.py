@@ -9,8 +9,8 @@ import pytest
 from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiUsageLog
 from engine.execution.projectors import ProjectionResult, ResultProjector, store_json_artifact
 from engine.jobtypes.synthetic import synthetic_definition
-from tests.engine_support import run_job, wait_terminal
-from tests.helpers import create_job, wait_until
+from tests.support.helpers import create_job, wait_until
+from tests.support.runtimes import fast_registry, run_job, wait_terminal
 
 
 def usage_rows(job_id):
@@ -136,8 +136,8 @@ def test_cancel_while_running_ends_cancelled_never_succeeded(engine_rt):
     assert AiJobArtifact.select().where(AiJobArtifact.job_id == job.id).count() == 0
 
 
-def test_cancel_during_backoff_stops_the_retries(engine_rt):
-    engine_rt.registry._definitions['synthetic'] = synthetic_definition(backoff_ms=5000)
+def test_cancel_during_backoff_stops_the_retries(make_engine_rt):
+    engine_rt = make_engine_rt(synthetic_definition(backoff_ms=5000))
     engine_rt.start_background()
     job = create_job(engine_rt, input={'failWith': 'PROVIDER_UNAVAILABLE'})
     wait_until(lambda: len(usage_rows(job.id)) == 1)
@@ -168,9 +168,9 @@ class FlakyProjector(ResultProjector):
         return ProjectionResult([ref])
 
 
-def test_a_projector_failure_rolls_back_and_the_job_retries(engine_rt):
-    definition = dataclasses.replace(engine_rt.registry.get('synthetic'), projector='flaky')
-    engine_rt.registry._definitions['synthetic'] = definition
+def test_a_projector_failure_rolls_back_and_the_job_retries(make_engine_rt):
+    synthetic = fast_registry().get('synthetic')
+    engine_rt = make_engine_rt(dataclasses.replace(synthetic, projector='flaky'))
     projector = FlakyProjector()
     engine_rt.ai.projectors.add(projector)
     engine_rt.start_background()
@@ -192,9 +192,9 @@ def test_a_duplicate_projection_is_idempotent(engine_rt):
     assert AiJobArtifact.select().where(AiJobArtifact.job_id == job.id).count() == 1
 
 
-def test_a_projector_missing_in_this_process_fails_the_job_at_once(engine_rt):
-    definition = dataclasses.replace(engine_rt.registry.get('synthetic'), projector='not_here')
-    engine_rt.registry._definitions['synthetic'] = definition
+def test_a_projector_missing_in_this_process_fails_the_job_at_once(make_engine_rt):
+    synthetic = fast_registry().get('synthetic')
+    engine_rt = make_engine_rt(dataclasses.replace(synthetic, projector='not_here'))
     engine_rt.start_background()
     job = run_job(engine_rt)
     assert (job.lifecycle_status, job.error_code, job.retry_count) == (

@@ -15,7 +15,7 @@ from engine.core.errors import (
 )
 from engine.core.lifecycle import ExpiredLockFence, Fence
 from engine.core.models import AiJob
-from tests.helpers import create_job, row, run_threads
+from tests.support.helpers import create_job, row, run_threads
 
 STATES = ('queued', 'running', 'succeeded', 'failed', 'cancelled')
 # contracts §1.2, plus running → running as a lock takeover (architecture decision 4). Written out

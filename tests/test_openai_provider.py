@@ -21,7 +21,7 @@ from engine.execution.openai_client import OpenAICompatibleProvider, retry_after
 from engine.execution.prompts import default_library
 from engine.execution.providers import CallContext, Credential, ProviderRequest
 from engine.jobtypes.flashcards import FLASHCARD_JOB_DEFINITION, FLASHCARDS_V1
-from tests.fake_openai import Reply, error_reply, json_reply
+from tests.support.fake_openai import Reply, error_reply, json_reply
 
 CARDS = {
     'cards': [

@@ -4,7 +4,7 @@ import time
 
 from engine.core.models import OutboxEvent
 from engine.core.outbox import DEAD, PENDING, PROCESSING
-from tests.helpers import create_job, run_threads
+from tests.support.helpers import create_job, run_threads
 
 
 def one_event(runtime):

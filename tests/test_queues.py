@@ -11,7 +11,7 @@ from engine.core.errors import QueueUnavailableError
 from engine.dispatch.memory_queue import MemoryQueue
 from engine.dispatch.queue import Message
 from engine.dispatch.redis_queue import RedisQueue
-from tests.conftest import REDIS_URL, delete_redis_keys, require_servers
+from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
 
 
 @pytest.fixture(params=['memory', 'redis'])

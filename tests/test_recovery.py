@@ -12,9 +12,9 @@ import pytest
 
 from engine.core.models import AiJob, AiJobArtifact
 from engine.execution.engine import ExecutionEngine
-from tests.conftest import REDIS_URL, delete_redis_keys, require_servers
-from tests.engine_support import FAST_SETTINGS, wait_terminal
-from tests.helpers import create_job, wait_until
+from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
+from tests.support.helpers import create_job, wait_until
+from tests.support.runtimes import FAST_SETTINGS, wait_terminal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

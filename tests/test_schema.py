@@ -11,7 +11,7 @@ import pytest
 
 from engine.core.models import MODELS, database
 from engine.core.store import default_schema_path, split_sql
-from tests.conftest import MYSQL_URL, require_servers
+from tests.support.backends import MYSQL_URL, require_servers
 
 
 @pytest.fixture

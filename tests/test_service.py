@@ -10,7 +10,7 @@ from engine.core.errors import (
     UnknownJobTypeError,
 )
 from engine.core.models import AiJob, AiJobSnapshot, OutboxEvent
-from tests.helpers import new_request, run_threads
+from tests.support.helpers import new_request, run_threads
 
 
 def counts():

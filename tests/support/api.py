@@ -1,5 +1,6 @@
-"""Fixtures and helpers for the API tests: the app over the test runtime, tokens for two users and
-an admin, and clients that check every response against /openapi.json."""
+"""The API tests' fixtures (``api``, ``keyed_api``, ``live_api``) and helpers: the app over a test
+runtime, tokens for two users and an admin, and clients that check every response against
+/openapi.json."""
 
 import time
 
@@ -9,8 +10,8 @@ from engine.core.errors import InternalJobError
 from engine.core.lifecycle import TERMINAL, Fence
 from engine.http.app import create_app
 from engine.http.auth import TokenStore
-from tests.engine_support import FAST_SETTINGS, fast_registry  # noqa: F401 (re-exported)
-from tests.wsgi_client import OpenApiCheck, WsgiClient
+from tests.support.runtimes import FAST_SETTINGS, fast_registry
+from tests.support.wsgi import OpenApiCheck, WsgiClient
 
 JOBS = '/api/ai/jobs'
 ADMIN_JOBS = '/admin-api/ai/jobs'
@@ -56,7 +57,14 @@ class Harness:
 
 @pytest.fixture
 def api(runtime):
+    """The API over the default runtime (no provider, no credential master key)."""
     return Harness(runtime)
+
+
+@pytest.fixture
+def keyed_api(keyed_runtime):
+    """The API over ``keyed_runtime``: users may register provider keys."""
+    return Harness(keyed_runtime)
 
 
 # ---------------------------------------------------------------- driving the state machine
@@ -76,14 +84,10 @@ def run_to_failed(runtime, job_id, internal='provider said 500 at https://intern
 
 
 # ---------------------------------------------------------------- with the engine running
-# The engine tests' fast intervals and fast synthetic definitions (synthetic_bg included).
-running_registry = fast_registry
-
-
 @pytest.fixture
 def live_api(make_runtime):
     """The API over a runtime whose dispatcher and worker pools run in this process."""
-    runtime = make_runtime(registry=running_registry(), **FAST_SETTINGS)
+    runtime = make_runtime(registry=fast_registry(), **FAST_SETTINGS)
     with runtime.store.connection():
         harness = Harness(runtime)
         runtime.start_background()

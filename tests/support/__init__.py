@@ -1,0 +1,16 @@
+"""Test support, one module per kind of fixture (conftest.py loads them as pytest plugins).
+
+- ``tests.support.backends``: the backend pairs (``backend`` fixture), ``require_servers``,
+  ``MYSQL_URL``, ``REDIS_URL``, ``delete_redis_keys``, ``reset_tables``.
+- ``tests.support.runtimes``: runtimes on the backend: ``make_runtime``, ``runtime``,
+  ``engine_rt`` / ``make_engine_rt`` (fast intervals and fast synthetic definitions),
+  ``provider_runtime`` (a platform provider configured, unreachable), ``keyed_runtime`` (that plus a
+  credential master key); ``FAST_SETTINGS``, ``fast_registry``, ``wait_terminal``, ``run_job``.
+- ``tests.support.api``: the API harness: ``api``, ``keyed_api``, ``live_api``; ``Harness``,
+  ``job_body``, ``poll_until``, ``run_to_running``, ``run_to_failed``, ``JOBS``, ``ADMIN_JOBS``.
+- ``tests.support.fake_openai``: the loopback OpenAI-compatible server (``fake`` fixture),
+  ``Reply``, ``json_reply``, ``error_reply``.
+- ``tests.support.wsgi``: the in-process WSGI client and the OpenAPI response check.
+- ``tests.support.helpers``: ``create_job``, ``new_request``, ``wait_until``, ``run_threads``,
+  ``row``.
+"""

@@ -1,0 +1,51 @@
+"""The AI side built from settings (engine/execution/services.py): bad settings stop start-up;
+the gateway routes to a provider only once one is configured."""
+
+import pytest
+
+from engine.core.config import Config
+from engine.core.errors import ConfigError
+from engine.execution.services import build_ai_services
+from engine.jobtypes.flashcards import FLASHCARD_JOB_DEFINITION
+
+
+# ---------------------------------------------------------------- settings and wiring
+@pytest.mark.parametrize(
+    'env',
+    [
+        {'AIJOB_CONTENT_SAFETY_PATTERNS': '["(unclosed"]'},
+        {'AIJOB_CONTENT_SAFETY_PATTERNS': '"one string"'},
+        {'AIJOB_PRICE_TABLE': '{"m": {"prompt": "-1"}}'},
+        {'AIJOB_PROVIDER_BASE_URL': 'ftp://127.0.0.1/v1'},
+        {'AIJOB_PROVIDER_MODEL': ''},
+    ],
+)
+def test_bad_ai_settings_stop_start_up(env):
+    # The shape is checked when settings are parsed, the meaning when the AI side is built;
+    # both happen before a process serves anything.
+    with pytest.raises(ConfigError) as caught:
+        build_ai_services(Config.from_env(env), store=None)
+    assert next(iter(env)) in str(caught.value)
+
+
+def test_the_gateway_has_only_the_synthetic_provider_until_a_base_url_is_set():
+    bare = build_ai_services(Config.from_env({}), store=None)
+    assert bare.gateway.provider_for(FLASHCARD_JOB_DEFINITION) is None
+    assert not bare.platform_available(FLASHCARD_JOB_DEFINITION)
+    configured = build_ai_services(
+        Config.from_env(
+            {
+                'AIJOB_PROVIDER_BASE_URL': 'http://127.0.0.1:8080/v1',
+                'AIJOB_PROVIDER_MODEL': 'local',
+                'AIJOB_PLATFORM_API_KEY': 'local',
+            }
+        ),
+        store=None,
+    )
+    provider, model = configured.gateway.route(FLASHCARD_JOB_DEFINITION, job=None)
+    assert (provider.key, model, provider.base_url) == (
+        'openai',
+        'local',
+        'http://127.0.0.1:8080/v1',
+    )
+    assert configured.platform_available(FLASHCARD_JOB_DEFINITION)

@@ -1,0 +1,118 @@
+"""Usage and pricing (engine/execution/usage.py): exact decimal costs from the price table, usage
+rows and their totals per user and per job type."""
+
+import datetime
+import json
+from decimal import Decimal
+
+import pytest
+
+from engine.execution.providers import Usage
+from engine.execution.usage import (
+    PriceTableCostCalculator,
+    parse_price_table,
+    record_usage,
+    usage_totals,
+)
+from tests.support.helpers import create_job
+
+# ---------------------------------------------------------------- pricing
+TABLE = (
+    '{"deepseek-chat": {"prompt": "0.27", "completion": "1.10"},'
+    ' "small": {"prompt": 0.1, "completion": 0.2, "per": 1000},'
+    ' "*": {"prompt": "1", "completion": "2"}}'
+)
+
+
+def test_cost_is_exact_decimal_per_million_tokens_by_default():
+    calc = PriceTableCostCalculator.from_table(json.loads(TABLE))
+    cost = calc.cost('openai', 'deepseek-chat', Usage(1_000_000, 500_000))
+    assert cost == Decimal('0.820000')
+
+
+def test_prices_may_be_per_thousand_tokens_and_json_floats_stay_exact():
+    calc = PriceTableCostCalculator.from_table(json.loads(TABLE))
+    assert calc.cost('openai', 'small', Usage(3, 3)) == Decimal('0.000900')
+
+
+def test_an_unlisted_model_uses_the_fallback_or_costs_nothing():
+    assert PriceTableCostCalculator.from_table(json.loads(TABLE)).cost(
+        'x', 'other', Usage(1000, 0)
+    ) == Decimal('0.001000')
+    assert PriceTableCostCalculator.from_table(None).cost('x', 'other', Usage(1000, 1000)) == 0
+
+
+@pytest.mark.parametrize(
+    'text',
+    [
+        '[]',
+        '{"m": 1}',
+        '{"m": {"prompt": "x"}}',
+        '{"m": {"prompt": 1, "per": 0}}',
+        '{"m": {"price": 1}}',
+    ],
+)
+def test_a_malformed_price_table_is_rejected(text):
+    with pytest.raises(ValueError):
+        parse_price_table(json.loads(text))
+
+
+def flashcard_job(rt, **kw):
+    return create_job(rt, job_type='flashcard_generation', input={'text': 'Some text.'}, **kw)
+
+
+# ---------------------------------------------------------------- usage totals
+def test_usage_totals_per_user_and_per_job_type_count_calls_tokens_cost_and_errors(
+    provider_runtime,
+):
+    job_a = flashcard_job(provider_runtime, user_id='user-a')
+    job_b = create_job(provider_runtime, job_type='synthetic', user_id='user-b')
+    record_usage(
+        job_a,
+        1,
+        'openai',
+        'deepseek-chat',
+        Usage(100, 20),
+        Decimal('0.000049'),
+        900,
+        'VALIDATION_JSON',
+    )
+    record_usage(job_a, 2, 'openai', 'deepseek-chat', Usage(120, 40), Decimal('0.000076'), 800)
+    record_usage(job_b, 1, 'synthetic', 'synthetic-1', Usage(5, 5), Decimal('0'), 3)
+    since = provider_runtime.store.clock() - datetime.timedelta(hours=1)
+    until = provider_runtime.store.clock() + datetime.timedelta(hours=1)
+    assert usage_totals(since, until, 'user') == [
+        {
+            'userId': 'user-a',
+            'calls': 2,
+            'promptTokens': 220,
+            'completionTokens': 60,
+            'cost': '0.000125',
+            'errors': 1,
+        },
+        {
+            'userId': 'user-b',
+            'calls': 1,
+            'promptTokens': 5,
+            'completionTokens': 5,
+            'cost': '0.000000',
+            'errors': 0,
+        },
+    ]
+    by_type = usage_totals(since, until, 'job_type')
+    assert [(t['jobType'], t['calls']) for t in by_type] == [
+        ('flashcard_generation', 2),
+        ('synthetic', 1),
+    ]
+
+
+def test_usage_outside_the_range_is_not_counted(provider_runtime):
+    job = flashcard_job(provider_runtime)
+    record_usage(job, 1, 'openai', 'm', Usage(1, 1), Decimal('1'), 1)
+    later = provider_runtime.store.clock() + datetime.timedelta(minutes=5)
+    assert usage_totals(later, later + datetime.timedelta(hours=1), 'user') == []
+
+
+def test_usage_totals_reject_an_unknown_grouping(provider_runtime):
+    with pytest.raises(ValueError):
+        usage_totals(datetime.datetime(2020, 1, 1), datetime.datetime(2030, 1, 1), 'model')
