@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 
 from examples.summarize import Summary
-from tests.fake_openai import json_reply
+from tests.support.fake_openai import json_reply
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = 'The tortoise won the race because the hare, sure of winning, stopped to sleep.'
