@@ -141,9 +141,10 @@ class IllegalTransitionError(AiJobError):
     http_status = 409
     public_message = 'The job is not in a state that allows this.'
 
-    def __init__(self, job_id, from_status, to_status):
+    def __init__(self, job_id, from_status, to_status, *, public_message=None):
         super().__init__(
-            'job %s: %s -> %s is not a legal transition' % (job_id, from_status, to_status)
+            'job %s: %s -> %s is not a legal transition' % (job_id, from_status, to_status),
+            public_message=public_message,
         )
         self.job_id, self.from_status, self.to_status = job_id, from_status, to_status
 

@@ -12,6 +12,7 @@ from .errors import (
     IdempotencyKeyReusedError,
     InvalidInputError,
     InvalidRequestError,
+    JobNotCancellableError,
     JobNotRetryableError,
     QuotaExceededError,
     TooManyJobsError,
@@ -154,7 +155,17 @@ class AiJobService:
 
     def cancel_job(self, job_id):
         """Owner's cancel: queued → cancelled at once; running → cancel requested, and the
-        worker is told. Raises JobNotCancellableError / JobAlreadyCancelledError when terminal."""
+        worker is told. Raises JobNotCancellableError when terminal or when the job's definition
+        says ``cancellable=False`` (nothing is written), JobAlreadyCancelledError when cancelled."""
+        current = self.lifecycle.get(job_id)
+        definition = self.registry.get(current.job_type)
+        if not definition.execution.cancellable:
+            raise JobNotCancellableError(
+                job_id,
+                current.lifecycle_status,
+                CANCELLED,
+                public_message='Jobs of this type cannot be cancelled.',
+            )
         job = self.lifecycle.mark_cancelled(job_id)
         if job.lifecycle_status == 'running' and self.cancel_signal is not None:
             self.cancel_signal(job_id)
