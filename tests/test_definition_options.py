@@ -70,3 +70,10 @@ def test_cancel_of_an_uncancellable_job_is_409_and_writes_nothing(make_runtime):
         other = create_job(runtime)
         status, body = call(app, 'POST', '/api/ai/jobs/%s/cancel' % other.id, token)
         assert status == 200 and body['lifecycleStatus'] == 'cancelled'
+
+
+# ---------------------------------------------------------------- 2. no output redaction option
+def test_security_policy_has_no_output_redaction():
+    from engine.core.registry import SecurityPolicy
+
+    assert [f.name for f in dataclasses.fields(SecurityPolicy)] == ['content_safety_check']

@@ -82,7 +82,6 @@ class CredentialPolicy:
 @dataclass(frozen=True)
 class SecurityPolicy:
     content_safety_check: bool = False
-    output_redaction: bool = False
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ def flashcard_definition(
             allowed_modes=('platform_key', 'user_deepseek_key'), default_mode='platform_key'
         ),
         projector=FlashcardProjector.key,
-        security=SecurityPolicy(content_safety_check=True, output_redaction=False),
+        security=SecurityPolicy(content_safety_check=True),
         provider=provider,
     )
 

@@ -69,7 +69,7 @@ def synthetic_definition(
         output=OutputSpec(schema_version='synthetic-output-v1', validator={'type': 'object'}),
         credential=CredentialPolicy(allowed_modes=('platform_key',), default_mode='platform_key'),
         projector=None,
-        security=SecurityPolicy(content_safety_check=False, output_redaction=False),
+        security=SecurityPolicy(content_safety_check=False),
         provider='synthetic',
     )
 
