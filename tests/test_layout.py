@@ -52,10 +52,15 @@ def test_no_module_imports_a_higher_part_of_the_engine():
     assert wrong == []
 
 
+# The sibling folder a checkout of the team's workspace has and a clone does not; spelled in two
+# parts so that this file does not name it itself.
+OUTSIDE = '..' + '/shared'
+
+
 def test_no_file_points_outside_the_repository():
     outside = []
     for path in ROOT.rglob('*'):
         if path.suffix in ('.py', '.md', '.sql', '.toml', '.txt') and '.git' not in path.parts:
-            if '../shared' in path.read_text(errors='replace') and path.name != 'test_layout.py':
+            if OUTSIDE in path.read_text(errors='replace'):
                 outside.append(str(path.relative_to(ROOT)))
     assert outside == []
