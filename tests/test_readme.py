@@ -1,0 +1,35 @@
+"""The README stays true to the code: every setting with its default, every engine path it names,
+every error code the API can answer."""
+
+import pathlib
+import re
+
+from engine.core.config import SETTINGS
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = (ROOT / 'README.md').read_text()
+QUOTED = set(re.findall(r'`([^`\n]+)`', README))
+
+
+def test_every_setting_has_a_table_row_with_its_default():
+    rows = set(re.findall(r'^\| `(AIJOB_\w+)` \| (.+?) \|', README, re.M))
+    wanted = {(s.env, '`%s`' % s.default if s.default else 'unset') for s in SETTINGS}
+    assert sorted(wanted - rows) == []
+
+
+def test_every_engine_path_named_exists():
+    paths = sorted(text for text in QUOTED if text.startswith('engine/'))
+    assert paths, 'the README names no engine path'
+    assert [path for path in paths if not (ROOT / path).exists()] == []
+
+
+def test_every_public_error_code_is_documented():
+    from engine.core.errors import public_error_codes
+
+    missing = [
+        '%d %s' % (status, code)
+        for status, codes in sorted(public_error_codes().items())
+        for code in codes
+        if code not in QUOTED
+    ]
+    assert missing == []
