@@ -30,13 +30,30 @@ def cmd_worker(config, args):
 def cmd_bench(config, args):
     from engine.bench import run_bench
 
-    return run_bench(config, jobs=args.jobs, rate=args.rate)
+    return run_bench(
+        config,
+        jobs=args.jobs,
+        rate=args.rate,
+        concurrency=args.concurrency,
+        sleep_ms=args.sleep_ms,
+    )
 
 
 def bench_args(parser):
     parser.add_argument('--jobs', type=int, default=1000, help='synthetic no-op jobs to run')
     parser.add_argument(
         '--rate', type=float, default=0, help='create at this many jobs/s (default 0: all at once)'
+    )
+    parser.add_argument(
+        '--concurrency',
+        type=int,
+        help='ai-interactive worker threads (default AIJOB_INTERACTIVE_CONCURRENCY)',
+    )
+    parser.add_argument(
+        '--sleep-ms',
+        type=int,
+        default=0,
+        help='each job sleeps this long (synthetic input sleepMs; default 0: no-op jobs)',
     )
 
 

@@ -1,9 +1,20 @@
 """``python aijob.py bench --jobs N``: end-to-end throughput and latency on the configured
-backends, measured honestly: N synthetic no-op jobs created through AiJobService, run by one
-worker process with the default pools, timed from the first create to the last terminal state.
+backends, measured honestly: N synthetic jobs created through AiJobService, run by one worker
+process, timed from the first create to the last terminal state.
 
 Latencies come from the database's own timestamps (created_at → started_at, one clock). Commits
-are counted by each process's store (explicit COMMITs plus autocommit writes) and summed.
+and statements are counted by each process's store (``Store.commit_count`` and
+``Store.statement_count``: every statement sent, BEGIN/COMMIT/ROLLBACK included) and summed; the
+bench's own polling for the end is left out. CPU is user + system time of every aijob process in
+the run: this one (the creating threads, and the worker too when it runs in-process) from the
+first create to the last terminal state, and the worker process's from ready to stop (it reports
+its total in its ``worker.stopped`` log line; its start-up, read from /proc when it is ready, is
+left out). The database server's own CPU is not in ``cpu_ms_per_job``; for a local MariaDB/MySQL
+it is printed apart as ``db_cpu_ms_per_job`` (read from /proc, the whole server: other clients'
+load counts too).
+
+``--concurrency C`` runs C ai-interactive worker threads (AIJOB_INTERACTIVE_CONCURRENCY),
+``--sleep-ms S`` makes every job sleep S ms (input ``{"sleepMs": S}``): the I/O-bound case.
 """
 
 import json
@@ -14,43 +25,73 @@ import sys
 import tempfile
 import threading
 import time
+from urllib.parse import urlsplit
 
+from .core.config import Config
 from .core.lifecycle import TERMINAL
 from .core.models import AiJob
 from .core.service import CreateJobInput
 from .runtime import Runtime
 
 CREATORS = 4  # client threads creating jobs, as several web requests would
+DB_SERVER_NAMES = ('mariadbd', 'mysqld')
 
 
-def run_bench(config, jobs, rate=0):
+def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0):
     """``rate`` > 0 paces creation at that many jobs per second (latency below saturation);
-    0 creates them all at once (throughput, where create→running is mostly queueing)."""
+    0 creates them all at once (throughput, where create→running is mostly queueing).
+    ``concurrency`` (default: the configured AIJOB_INTERACTIVE_CONCURRENCY) is the worker's
+    ai-interactive thread count; ``sleep_ms`` > 0 makes each job sleep that long."""
+    if concurrency:
+        config = Config(dict(vars(config), interactive_concurrency=int(concurrency)))
     runtime = Runtime(config, role='bench')
     runtime.create_schema()
     worker = _start_worker(runtime)
+    db_cpu = _DatabaseCpu(runtime)
     try:
         commits_before = runtime.store.commit_count()
-        ids = _create(runtime, jobs, rate)
-        _wait_terminal(runtime, ids, timeout_s=max(60.0, jobs * 0.2))
-        creator_commits = runtime.store.commit_count() - commits_before
+        statements_before = runtime.store.statement_count()
+        cpu_before = time.process_time()
+        db_cpu.start()
+        ids = _create(runtime, jobs, rate, sleep_ms)
+        timeout_s = max(60.0, jobs * 0.2) + 1.5 * jobs * sleep_ms / 1000.0 / max(
+            1, config.interactive_concurrency
+        )
+        polls = _wait_terminal(runtime, ids, timeout_s=timeout_s)
+        db_cpu_ms = db_cpu.stop()
+        own = {
+            'commits': runtime.store.commit_count() - commits_before,
+            # each poll for the end is one statement of the bench's own, not of the engine's
+            'statements': runtime.store.statement_count() - statements_before - polls,
+            'cpu_ms': (time.process_time() - cpu_before) * 1000.0,
+        }
     finally:
-        worker_commits = worker.stop()
-    figures = _figures(runtime, ids, creator_commits + worker_commits, rate)
+        worker_counts = worker.stop()
+    totals = {name: own[name] + worker_counts[name] for name in own}
+    figures = _figures(runtime, ids, totals, rate, sleep_ms)
+    if isinstance(worker, _WorkerProcess):
+        figures['bench_cpu_ms_per_job'] = round(own['cpu_ms'] / len(ids), 3)
+        figures['worker_cpu_ms_per_job'] = round(worker_counts['cpu_ms'] / len(ids), 3)
+        figures['bench_statements_per_job'] = round(own['statements'] / len(ids), 2)
+        figures['worker_statements_per_job'] = round(worker_counts['statements'] / len(ids), 2)
     for name, value in figures.items():
         print('%s: %s' % (name, value))
+    if db_cpu_ms is not None:
+        print('db_cpu_ms_per_job=%.2f' % (db_cpu_ms / len(ids)))
     print(
         'e2e_jobs_per_s=%(e2e_jobs_per_s).1f create_to_running_p50_ms=%(p50).2f '
         'create_to_running_p99_ms=%(p99).2f commits_per_job=%(commits_per_job).2f '
+        'statements_per_job=%(statements_per_job).2f cpu_ms_per_job=%(cpu_ms_per_job).2f '
         'succeeded=%(succeeded)d/%(jobs)d' % figures
     )
     runtime.close()
     return 0 if figures['succeeded'] == jobs else 1
 
 
-def _create(runtime, jobs, rate):
+def _create(runtime, jobs, rate, sleep_ms):
     ids = [None] * jobs
     started = time.monotonic()
+    job_input = {'sleepMs': int(sleep_ms)} if sleep_ms else {}
 
     def creator(offset):
         with runtime.store.connection():
@@ -62,7 +103,7 @@ def _create(runtime, jobs, rate):
                     job_type='synthetic',
                     target_type='bench',
                     target_id=str(i),
-                    input={},
+                    input=dict(job_input),
                 )
                 ids[i] = runtime.service.create_job(request).job.id
 
@@ -75,21 +116,24 @@ def _create(runtime, jobs, rate):
 
 
 def _wait_terminal(runtime, ids, timeout_s):
+    """Wait until every job is terminal; returns how many polls (one statement each) it took."""
     deadline = time.monotonic() + timeout_s
+    polls = 0
     with runtime.store.connection():
         while time.monotonic() < deadline:
+            polls += 1
             done = (
                 AiJob.select()
                 .where(AiJob.id.in_(ids) & AiJob.lifecycle_status.in_(list(TERMINAL)))
                 .count()
             )
             if done == len(ids):
-                return
+                return polls
             time.sleep(0.05)
     raise SystemExit('bench: not every job finished within %.0fs' % timeout_s)
 
 
-def _figures(runtime, ids, commits, rate):
+def _figures(runtime, ids, totals, rate, sleep_ms):
     with runtime.store.connection():
         rows = list(
             AiJob.select(
@@ -106,37 +150,100 @@ def _figures(runtime, ids, commits, rate):
         'creation': 'paced at %s jobs/s' % rate
         if rate
         else 'all at once (%d client threads)' % CREATORS,
+        'job_input': {'sleepMs': int(sleep_ms)} if sleep_ms else {},
+        'interactive_concurrency': runtime.config.interactive_concurrency,
         'jobs': len(ids),
         'wall_s': round(wall_s, 3),
         'e2e_jobs_per_s': len(ids) / wall_s if wall_s else float('inf'),
         'p50': statistics.median(waits),
         'p99': waits[min(len(waits) - 1, int(len(waits) * 0.99))],
-        'commits_per_job': commits / len(ids),
+        'commits_per_job': totals['commits'] / len(ids),
+        'statements_per_job': totals['statements'] / len(ids),
+        'cpu_ms_per_job': totals['cpu_ms'] / len(ids),
         'succeeded': sum(r.lifecycle_status == 'succeeded' for r in rows),
     }
 
 
+# ---------------------------------------------------------------- CPU from /proc
+def _proc_cpu_ms(pid):
+    """User + system CPU of process ``pid`` (every thread) from /proc, or None if unreadable."""
+    try:
+        with open('/proc/%d/stat' % pid, 'rb') as handle:
+            stat = handle.read().decode('ascii', 'replace')
+    except OSError:
+        return None
+    fields = stat[stat.rindex(')') + 2 :].split()  # after "pid (comm) "; fields 3.. of proc(5)
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks * 1000.0 / os.sysconf('SC_CLK_TCK')
+
+
+class _DatabaseCpu:
+    """The CPU of a local MariaDB/MySQL server over the run, from /proc; None when the store is
+    SQLite (in-process: already counted), the server is remote, or no server process is found."""
+
+    def __init__(self, runtime):
+        self.pids = []
+        self.before = None
+        if runtime.store.dialect != 'mysql':
+            return
+        host = urlsplit(runtime.config.database_url).hostname or '127.0.0.1'
+        if host not in ('127.0.0.1', 'localhost', '::1'):
+            return
+        for name in DB_SERVER_NAMES:
+            try:
+                found = subprocess.run(
+                    ['pgrep', '-x', name], capture_output=True, text=True, timeout=5
+                ).stdout.split()
+            except (OSError, subprocess.SubprocessError):
+                return
+            if found:
+                self.pids = [int(pid) for pid in found]
+                return
+
+    def _now(self):
+        values = [_proc_cpu_ms(pid) for pid in self.pids]
+        return None if not values or None in values else sum(values)
+
+    def start(self):
+        self.before = self._now()
+
+    def stop(self):
+        after = self._now()
+        if self.before is None or after is None:
+            return None
+        return after - self.before
+
+
+# ---------------------------------------------------------------- the worker
 def _start_worker(runtime):
     if runtime.config.uses_redis:
         return _WorkerProcess(runtime)
     return _InProcessWorker(runtime)
 
 
+_NOTHING = {'commits': 0, 'statements': 0, 'cpu_ms': 0.0}
+
+
 class _InProcessWorker:
-    """SQLite + in-memory queue cannot cross processes: the worker runs in this one."""
+    """SQLite + in-memory queue cannot cross processes: the worker runs in this one, so this
+    process's counters and CPU already include it."""
 
     def __init__(self, runtime):
         self.runtime = runtime
-        print('worker: in-process (in-memory queue)')
+        self.description = 'in-process (in-memory queue), %d interactive threads' % (
+            runtime.config.interactive_concurrency
+        )
+        print('worker: %s' % self.description)
         runtime.start_background()
 
     def stop(self):
         self.runtime.stop_background(timeout_s=10)
-        return 0  # this process's counter already includes the worker
+        return dict(_NOTHING)
 
 
 class _WorkerProcess:
-    """``python aijob.py worker`` as a child; its commit count comes from its stop log line."""
+    """``python aijob.py worker`` as a child; its commits, statements and CPU come from its
+    ``worker.stopped`` log line (CPU less what it had used when it became ready)."""
 
     def __init__(self, runtime):
         self.log = tempfile.NamedTemporaryFile(
@@ -145,13 +252,21 @@ class _WorkerProcess:
         entry = os.path.join(
             os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'aijob.py'
         )
+        env = dict(os.environ)
+        env['AIJOB_INTERACTIVE_CONCURRENCY'] = str(runtime.config.interactive_concurrency)
         self.process = subprocess.Popen(
-            [sys.executable, entry, 'worker'], stdout=self.log, stderr=self.log
+            [sys.executable, entry, 'worker'], stdout=self.log, stderr=self.log, env=env
         )
-        print('worker: process %d' % self.process.pid)
-        self._wait_ready(runtime)
+        self.description = 'process %d, %d interactive threads' % (
+            self.process.pid,
+            runtime.config.interactive_concurrency,
+        )
+        print('worker: %s' % self.description)
+        self._wait_ready()
+        self.startup_cpu_ms = _proc_cpu_ms(self.process.pid) or 0.0
+        self.stopped = None
 
-    def _wait_ready(self, runtime):
+    def _wait_ready(self):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -162,11 +277,24 @@ class _WorkerProcess:
         raise SystemExit('bench: the worker did not start; see %s' % self.log.name)
 
     def stop(self):
+        if self.stopped is not None:
+            return self.stopped
         self.process.terminate()
         self.process.wait(60)
         for line in open(self.log.name, encoding='utf-8', errors='replace'):
             if '"worker.stopped"' in line:
-                commits = json.loads(line).get('commits', 0)
+                record = json.loads(line)
+                missing = [name for name in ('statements', 'cpu_ms') if name not in record]
+                if missing:
+                    raise SystemExit(
+                        'bench: the worker reported no %s; see %s'
+                        % (', '.join(missing), self.log.name)
+                    )
+                self.stopped = {
+                    'commits': record.get('commits', 0),
+                    'statements': record['statements'],
+                    'cpu_ms': max(0.0, float(record['cpu_ms']) - self.startup_cpu_ms),
+                }
                 os.unlink(self.log.name)
-                return commits
-        raise SystemExit('bench: no commit count from the worker; see %s' % self.log.name)
+                return self.stopped
+        raise SystemExit('bench: no counts from the worker; see %s' % self.log.name)

@@ -29,22 +29,38 @@ class _CommitCounter:
         self._lock = threading.Lock()
         self.value = 0
 
-    def add(self):
+    def add(self, n=1):
         with self._lock:
-            self.value += 1
+            self.value += n
 
 
 COMMITS = _CommitCounter()
+# Every SQL statement this process sends, BEGIN/COMMIT/ROLLBACK included (for the benchmark).
+STATEMENTS = _CommitCounter()
 
 
 class _CountingMixin:
-    """Counts commits (for the benchmark): explicit COMMITs plus each write in autocommit mode."""
+    """Counts, for the benchmark, commits (explicit COMMITs plus each write in autocommit mode)
+    and statements (everything through ``execute_sql``, plus BEGIN, COMMIT and ROLLBACK, which
+    peewee sends on its own cursor). Code that runs SQL on the raw driver connection instead
+    counts each statement with ``Store.count_statement()``; a connection-pool ping is no
+    statement and is not counted."""
+
+    def begin(self, *args, **kwargs):
+        STATEMENTS.add(2 if kwargs.get('isolation_level') else 1)
+        return super().begin(*args, **kwargs)
 
     def commit(self):
         COMMITS.add()
+        STATEMENTS.add()
         return super().commit()
 
+    def rollback(self):
+        STATEMENTS.add()
+        return super().rollback()
+
     def execute_sql(self, sql, params=None):
+        STATEMENTS.add()
         if sql[:6] in ('INSERT', 'UPDATE', 'DELETE') and not self.in_transaction():
             COMMITS.add()
         return super().execute_sql(sql, params)
@@ -120,6 +136,16 @@ class Store:
     def commit_count(self):
         """Commits made by this process so far (see ``_CountingMixin``)."""
         return COMMITS.value
+
+    def statement_count(self):
+        """SQL statements this process has sent so far, BEGIN/COMMIT/ROLLBACK included."""
+        return STATEMENTS.value
+
+    def count_statement(self, n=1):
+        """Count ``n`` statements sent on the raw driver connection (a hot path that bypasses
+        peewee's ``execute_sql`` calls this once per statement, or with ``n`` for a batch), so
+        that ``statement_count()`` and the benchmark's ``statements_per_job`` stay complete."""
+        STATEMENTS.add(n)
 
     def is_transient(self, exc):
         """A deadlock, lock wait timeout or busy database: the whole transaction may be retried."""

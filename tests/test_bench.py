@@ -1,0 +1,113 @@
+"""``python aijob.py bench`` runs end to end on both backend pairs and prints its last line with
+every figure (issue 9, item 3). No timing is asserted: the figures only have to be there, parse
+and be positive. The mysql+redis case uses a database (``test_bench``) and a Redis prefix of its
+own, so that it does not disturb the rest of the suite."""
+
+import os
+import re
+import subprocess
+import sys
+from urllib.parse import urlsplit, urlunsplit
+
+import pymysql
+import pytest
+
+from tests.support.backends import REDIS_URL, RUN_PREFIX, delete_redis_keys, require_servers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_DATABASE = 'test_bench'
+LAST_LINE = re.compile(
+    r'^e2e_jobs_per_s=(?P<e2e_jobs_per_s>\S+) '
+    r'create_to_running_p50_ms=(?P<p50>\S+) create_to_running_p99_ms=(?P<p99>\S+) '
+    r'commits_per_job=(?P<commits_per_job>\S+) statements_per_job=(?P<statements_per_job>\S+) '
+    r'cpu_ms_per_job=(?P<cpu_ms_per_job>\S+) succeeded=(?P<succeeded>\d+)/(?P<jobs>\d+)$'
+)
+JOBS = 20
+
+
+def bench_mysql_url():
+    """AIJOB_TEST_MYSQL_URL's server, with the bench's own database (created if missing)."""
+    base = urlsplit(os.environ.get('AIJOB_TEST_MYSQL_URL', 'mysql://root@127.0.0.1:3306/test'))
+    conn = pymysql.connect(
+        host=base.hostname,
+        port=base.port or 3306,
+        user=base.username or 'root',
+        password=base.password or '',
+        connect_timeout=3,
+    )
+    with conn.cursor() as cursor:
+        cursor.execute('CREATE DATABASE IF NOT EXISTS `%s` CHARACTER SET utf8mb4' % BENCH_DATABASE)
+    conn.close()
+    return urlunsplit(base._replace(path='/' + BENCH_DATABASE))
+
+
+def run_bench(env, *args):
+    environ = dict(os.environ)
+    environ.update(env)
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'aijob.py'), 'bench', '--jobs', str(JOBS), *args],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.strip().splitlines()
+    match = LAST_LINE.match(lines[-1])
+    assert match, lines[-1]
+    return match.groupdict(), result.stdout
+
+
+def assert_figures(figures):
+    assert (int(figures['succeeded']), int(figures['jobs'])) == (JOBS, JOBS)
+    for name in ('e2e_jobs_per_s', 'commits_per_job', 'statements_per_job', 'cpu_ms_per_job'):
+        assert float(figures[name]) > 0, (name, figures[name])
+    for name in ('p50', 'p99'):
+        assert float(figures[name]) >= 0, (name, figures[name])
+    # a job takes at least a BEGIN, a COMMIT and a write: more statements than commits
+    assert float(figures['statements_per_job']) > float(figures['commits_per_job'])
+
+
+@pytest.fixture
+def mysql_redis():
+    require_servers('mysql', 'redis')
+    prefix = '%s-bench' % RUN_PREFIX
+    yield {
+        'AIJOB_DATABASE_URL': bench_mysql_url(),
+        'AIJOB_REDIS_URL': REDIS_URL,
+        'AIJOB_REDIS_PREFIX': prefix,
+    }
+    delete_redis_keys(prefix)
+
+
+def sqlite_env(tmp_path):
+    return {'AIJOB_DATABASE_URL': 'sqlite:///%s' % (tmp_path / 'b.db'), 'AIJOB_REDIS_URL': ''}
+
+
+def test_bench_on_the_embedded_default(tmp_path):
+    figures, _ = run_bench(sqlite_env(tmp_path))
+    assert_figures(figures)
+
+
+def test_bench_with_concurrency_and_sleeping_jobs_on_the_embedded_default(tmp_path):
+    figures, out = run_bench(sqlite_env(tmp_path), '--concurrency', '4', '--sleep-ms', '20')
+    assert_figures(figures)
+    assert 'interactive_concurrency: 4' in out
+    assert "job_input: {'sleepMs': 20}" in out
+
+
+def test_bench_on_mysql_and_redis(mysql_redis):
+    figures, out = run_bench(mysql_redis)
+    assert_figures(figures)
+    assert 'backends: mysql + redis' in out
+    # the worker ran in its own process, and reported its share
+    assert re.search(r'^worker_statements_per_job: [1-9]', out, re.M), out
+    assert re.search(r'^worker_cpu_ms_per_job: \d', out, re.M), out
+
+
+def test_bench_with_concurrency_and_sleeping_jobs_on_mysql_and_redis(mysql_redis):
+    figures, out = run_bench(mysql_redis, '--concurrency', '4', '--sleep-ms', '20')
+    assert_figures(figures)
+    assert 'interactive_concurrency: 4' in out
+    assert 'worker: process' in out and '4 interactive threads' in out
