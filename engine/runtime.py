@@ -8,12 +8,13 @@ import socket
 from .core.errors import ConfigError, QueueUnavailableError
 from .core.lifecycle import AiJobLifecycleRepository
 from .core.logs import configure as configure_logging
+from .core.logs import log_event
 from .core.outbox import OutboxRepository
 from .core.registry import JobDefinitionRegistry
 from .core.service import Admission, AiJobService
 from .core.store import Store
 from .dispatch.dispatcher import OutboxDispatcher
-from .dispatch.housekeeping import Reaper, Reconciler
+from .dispatch.housekeeping import Purger, Reaper, Reconciler
 from .dispatch.memory_queue import MemoryQueue
 from .dispatch.redis_queue import RedisQueue
 from .dispatch.workers import Worker
@@ -22,8 +23,6 @@ from .execution.services import build_ai_services
 
 # The job types every process has; they register through the same entry point as users' own.
 BUILTIN_JOB_TYPES = ('engine.jobtypes.synthetic', 'engine.jobtypes.flashcards')
-
-log = logging.getLogger('aijob.runtime')
 
 
 def instance_id(role):
@@ -64,7 +63,12 @@ class Runtime:
         self.lifecycle = AiJobLifecycleRepository(self.store, lock_ttl_ms=config.lock_ttl_ms)
         self.outbox = OutboxRepository(self.store, lock_ttl_ms=config.outbox_lock_ttl_ms)
         self.service = AiJobService(
-            self.store, self.registry, self.lifecycle, self.outbox, instance_id=self.instance_id
+            self.store,
+            self.registry,
+            self.lifecycle,
+            self.outbox,
+            instance_id=self.instance_id,
+            snapshot_ttl_ms=config.snapshot_ttl_ms,
         )
         # Per-user limits and platform availability, checked before a job is written (§7.3).
         self.service.admission = Admission.from_config(config, self.store, self.ai)
@@ -79,6 +83,7 @@ class Runtime:
         )
         self.reaper = Reaper(self.lifecycle, self.queue, reap_after_ms=config.reap_after_ms)
         self.reconciler = Reconciler(self.lifecycle, self.queue, after_ms=config.reconcile_after_ms)
+        self.purger = Purger(self.service, self.outbox, config.outbox_retention_ms)
         self.service.cancel_signal = self._signal_cancel
         if config.uses_redis:
             # Any process that can reach the shared queue pushes its own new jobs at once
@@ -92,14 +97,14 @@ class Runtime:
         self.store.create_schema(extra_models=self.plugins.models)
 
     def attach_worker(self, with_maintenance=True):
-        """This process's Worker (dispatcher, pools, supervisor, reaper, reconciler), not yet
-        started; from now on this process also pushes the jobs it creates at once."""
+        """This process's Worker (dispatcher, pools, supervisor, housekeeping), not yet started;
+        from now on this process also pushes the jobs it creates at once."""
         self.worker = Worker(self, with_maintenance=with_maintenance)
         self.service.dispatch_now = self._dispatch_now
         return self.worker
 
     def start_background(self, with_maintenance=True):
-        """Run the dispatcher, worker pools, supervisor, reaper and reconciler in this process."""
+        """Run the dispatcher, worker pools, supervisor and housekeeping in this process."""
         self.attach_worker(with_maintenance).start()
         return self.worker
 
@@ -115,17 +120,17 @@ class Runtime:
         try:
             self.dispatcher.publish_claimed(event)
         except Exception:
-            log.exception(
-                'immediate dispatch of outbox event %s failed; polling will retry', event.id
+            # The claim expires and the dispatcher's polling publishes it.
+            log_event(
+                'outbox.dispatch_now_failed', logging.WARNING, exc_info=True, event_id=event.id
             )
 
     def _signal_cancel(self, job_id):
         try:
             self.queue.signal_cancel(job_id)
         except QueueUnavailableError:
-            log.warning(
-                'cancel signal for job %s not sent (queue down); the database flag stands', job_id
-            )
+            # The database flag stands; the worker sees it at its next check.
+            log_event('job.cancel_signal_failed', logging.WARNING, job_id=job_id)
 
     def close(self):
         self.stop_background(timeout_s=5)

@@ -480,7 +480,7 @@ def test_healthz_and_readyz(api):
     assert ready.status == 200 and ready.json['checks'] == {'database': 'ok', 'queue': 'ok'}
 
 
-def test_an_unreachable_store_is_503_on_readyz_and_platform_unavailable_elsewhere(
+def test_an_unreachable_store_is_503_on_readyz_and_service_unavailable_elsewhere(
     make_runtime, backend
 ):
     good = make_runtime()
@@ -496,7 +496,8 @@ def test_an_unreachable_store_is_503_on_readyz_and_platform_unavailable_elsewher
     assert ready.status == 503 and ready.error_code == 'NOT_READY'
     assert ready.json['checks']['database'] == 'unavailable'
     response = client.post(JOBS, job_body())
-    assert response.status == 503 and response.error_code == 'PLATFORM_UNAVAILABLE'
+    assert response.status == 503 and response.error_code == 'SERVICE_UNAVAILABLE'
+    assert int(response.headers['retry-after']) > 0
     assert client.get('/healthz').status == 200
 
 

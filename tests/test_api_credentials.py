@@ -18,19 +18,19 @@ def test_register_list_and_delete_a_key_seeing_only_its_mask(keyed_api):
     created = keyed_api.a.post(CREDENTIALS, {'provider': 'deepseek', 'apiKey': SECRET_KEY})
     assert created.status == 201
     assert created.json['maskedKey'] == 'sk-...CRET' and created.json['provider'] == 'deepseek'
-    row = UserModelCredential.get_by_id(created.json['id'])
+    row = UserModelCredential.get_by_id(created.json['credentialId'])
     assert SECRET_KEY not in row.encrypted_key and row.user_id == 'user-a'
     listed = keyed_api.a.get(CREDENTIALS)
-    assert [item['id'] for item in listed.json['items']] == [created.json['id']]
+    assert [item['credentialId'] for item in listed.json['items']] == [created.json['credentialId']]
     assert SECRET_KEY.encode() not in created.body + listed.body
     assert keyed_api.b.get(CREDENTIALS).json == {'items': []}
 
-    not_yours = keyed_api.b.request('DELETE', CREDENTIALS + '/' + created.json['id'])
+    not_yours = keyed_api.b.request('DELETE', CREDENTIALS + '/' + created.json['credentialId'])
     assert not_yours.status == 404 and not_yours.error_code == 'CREDENTIAL_NOT_FOUND'
-    deleted = keyed_api.a.request('DELETE', CREDENTIALS + '/' + created.json['id'])
+    deleted = keyed_api.a.request('DELETE', CREDENTIALS + '/' + created.json['credentialId'])
     assert deleted.status == 204 and deleted.body == b''
     assert keyed_api.a.get(CREDENTIALS).json == {'items': []}
-    again = keyed_api.a.request('DELETE', CREDENTIALS + '/' + created.json['id'])
+    again = keyed_api.a.request('DELETE', CREDENTIALS + '/' + created.json['credentialId'])
     assert again.status == 404
 
 

@@ -8,7 +8,7 @@ import pytest
 from engine.core.errors import (
     IllegalTransitionError,
     JobAlreadyCancelledError,
-    JobCancelRequestedError,
+    JobCancelledError,
     JobLockConflictError,
     JobNotCancellableError,
     ProviderError,
@@ -151,7 +151,7 @@ def test_cancel_while_running_is_a_request_until_the_engine_finishes_it(runtime)
     requested = repo.mark_cancelled(job.id)
     assert requested.lifecycle_status == 'running' and requested.cancel_requested_at
     assert repo.mark_cancelled(job.id).lifecycle_status == 'running'  # idempotent
-    with pytest.raises(JobCancelRequestedError):
+    with pytest.raises(JobCancelledError):
         repo.mark_succeeded(job.id, fence=fence)  # never succeeded
     done = repo.mark_cancelled(job.id, fence=fence)
     assert (done.lifecycle_status, done.error_code) == ('cancelled', 'CANCELLED')

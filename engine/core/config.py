@@ -168,7 +168,8 @@ SETTINGS = (
         'AIJOB_DEFINITIONS',
         '',
         module_list,
-        'Comma-separated modules whose register(registry) adds application job definitions.',
+        'Comma-separated plugin modules whose register(app) adds job types (definition, '
+        'projector, prompts, provider, tables).',
     ),
     Setting(
         'AIJOB_DB_POOL_SIZE', '32', positive_int, 'Most MySQL connections one process keeps open.'
@@ -218,6 +219,25 @@ SETTINGS = (
         '60000',
         positive_int,
         'A job queued longer than this with no live queue entry is published again.',
+    ),
+    Setting(
+        'AIJOB_SNAPSHOT_TTL_MS',
+        str(30 * 24 * 3600 * 1000),
+        positive_int,
+        'Input snapshots expire this long after creation; the purger deletes those of finished '
+        'jobs, which can then no longer be retried by an admin.',
+    ),
+    Setting(
+        'AIJOB_OUTBOX_RETENTION_MS',
+        str(7 * 24 * 3600 * 1000),
+        positive_int,
+        'Published and dead outbox events older than this are deleted by the purger.',
+    ),
+    Setting(
+        'AIJOB_PURGE_INTERVAL_MS',
+        '3600000',
+        positive_int,
+        'How often the purger deletes expired snapshots and old outbox events.',
     ),
     Setting(
         'AIJOB_INTERACTIVE_CONCURRENCY',

@@ -179,31 +179,88 @@ class JobLockConflictError(AiJobError):
         self.job_id = job_id
 
 
-class JobCancelRequestedError(JobLockConflictError):
-    """The job may not succeed: its owner asked to cancel it while it ran."""
-
-    def __init__(self, job_id):
-        super().__init__(job_id, 'cancel requested')
-
-
 # ---------------------------------------------------------------- infrastructure at the edges
 class StoreUnavailableError(AiJobError):
-    code = 'PLATFORM_UNAVAILABLE'
+    """The database could not be reached; nothing was written, and the client may try again."""
+
+    code = 'SERVICE_UNAVAILABLE'
     http_status = 503
     retryable = True
+    retry_after_s = 5
     public_message = 'The service is temporarily unavailable; try again later.'
 
 
-class QueueUnavailableError(AiJobError):
+class QueueUnavailableError(StoreUnavailableError):
     """The queue backend could not be reached (a Redis outage); callers back off."""
 
-    code = 'INTERNAL_QUEUE_UNAVAILABLE'
+
+# ---------------------------------------------------------------- the HTTP layer (contracts §7.3)
+class HttpError(AiJobError):
+    """An error of the HTTP layer itself: the body, the token, the route."""
+
+    def __init__(self, message=None):
+        super().__init__(message, public_message=message)
+
+
+class InvalidJsonError(HttpError):
+    code = 'INVALID_JSON'
+    http_status = 400
+    public_message = 'The request body is not valid JSON.'
+
+
+class UnauthorizedError(HttpError):
+    code = 'UNAUTHORIZED'
+    http_status = 401
+    public_message = 'A valid bearer token is required (Authorization: Bearer …).'
+
+
+class ForbiddenError(HttpError):
+    code = 'FORBIDDEN'
+    http_status = 403
+    public_message = 'This endpoint is for SUPER_ADMIN only.'
+
+
+class NoSuchEndpointError(HttpError):
+    code = 'NOT_FOUND'
+    http_status = 404
+    public_message = 'No such endpoint.'
+
+
+class UnknownCredentialError(HttpError):
+    code = 'CREDENTIAL_NOT_FOUND'
+    http_status = 404
+    public_message = 'Credential not found.'
+
+
+class MethodNotAllowedError(HttpError):
+    code = 'METHOD_NOT_ALLOWED'
+    http_status = 405
+    public_message = 'Method not allowed on this endpoint.'
+
+
+class PayloadTooLargeError(HttpError):
+    code = 'PAYLOAD_TOO_LARGE'
+    http_status = 413
+    public_message = 'The request body is too large.'
+
+
+class UnsupportedMediaTypeError(HttpError):
+    code = 'UNSUPPORTED_MEDIA_TYPE'
+    http_status = 415
+    public_message = 'The request body must be application/json.'
+
+
+class NotReadyError(HttpError):
+    code = 'NOT_READY'
     http_status = 503
-    retryable = True
-    public_message = 'The service is temporarily unavailable; try again later.'
+    retry_after_s = 5
+    public_message = 'A dependency of the service is unreachable.'
 
 
 # -------------------------------------------------------------- execution failures (contracts §5.2)
+MAX_INTERNAL_RETRIES = 1  # contracts §5.2: INTERNAL_* is retried at most once
+
+
 class JobFailure(AiJobError):
     """One attempt of a job failed. ``code`` is one of contracts §5.2's classes; the engine decides,
     from ``retryable`` alone, whether to try again."""
@@ -217,6 +274,11 @@ class JobFailure(AiJobError):
         if code is not None:
             self.code = code
         self.retry_after_s = retry_after_s
+
+    def may_retry(self, abort_strategy, internal_retries_used):
+        """The one rule for whether another provider call may follow this failure (the retry
+        budget, ``maxRetryCount``, is the engine's to count)."""
+        return self.retryable
 
 
 class ProviderError(JobFailure):
@@ -247,8 +309,10 @@ class ContentSafetyError(JobFailure):
 
 class JobTimeoutError(JobFailure):
     code = 'TIMEOUT'
-    retryable = False  # the definition's abortStrategy decides; see ExecutionEngine
     public_message = 'The job took too long and was stopped.'
+
+    def may_retry(self, abort_strategy, internal_retries_used):
+        return abort_strategy == 'retry'  # the definition's abortStrategy decides (contracts §5.2)
 
 
 class CredentialError(JobFailure):
@@ -278,6 +342,9 @@ class CredentialStorageUnavailableError(AiJobError):
 
 
 class JobCancelledError(JobFailure):
+    """The job must stop and end ``cancelled``: its owner asked, before or while it ran. Raised
+    by the engine's checks and by the lifecycle when a cancel request beats the success write."""
+
     code = 'CANCELLED'
     retryable = False
     public_message = 'The job was cancelled.'
@@ -285,8 +352,11 @@ class JobCancelledError(JobFailure):
 
 class InternalJobError(JobFailure):
     code = 'INTERNAL_ERROR'
-    retryable = True  # at most once: the engine caps INTERNAL_* retries at one
+    retryable = True
     public_message = 'An internal error occurred.'
+
+    def may_retry(self, abort_strategy, internal_retries_used):
+        return self.retryable and internal_retries_used < MAX_INTERNAL_RETRIES
 
 
 class MisconfiguredJobError(InternalJobError):
@@ -317,4 +387,15 @@ def failure_for_code(code, message=None):
     raise ValueError('not a contracts §5.2 error code: %r' % (code,))
 
 
-FAILURE_CODE_PREFIXES = tuple(prefix for prefix, _ in _FAILURE_PREFIXES)
+def public_error_codes():
+    """{HTTP status: sorted codes} of every error the API can answer with, read from the classes
+    above; a 500 says only INTERNAL_ERROR (contracts §7.3). The OpenAPI document and the README
+    are checked against it."""
+    codes = {500: {'INTERNAL_ERROR'}}
+    pending = [AiJobError]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls.http_status < 500 or cls.http_status == 503:
+            codes.setdefault(cls.http_status, set()).add(cls.code)
+    return {status: sorted(codes[status]) for status in sorted(codes)}

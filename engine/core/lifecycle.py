@@ -15,7 +15,7 @@ from peewee import fn
 from .errors import (
     IllegalTransitionError,
     JobAlreadyCancelledError,
-    JobCancelRequestedError,
+    JobCancelledError,
     JobLockConflictError,
     JobNotCancellableError,
     JobNotFoundError,
@@ -242,7 +242,7 @@ class AiJobLifecycleRepository:
             raise JobLockConflictError(job_id, 'lock lost')
 
     # ------------------------------------------------------------ terminal states
-    def mark_succeeded(self, job_id, tx=None, *, fence, output_hash=None):
+    def mark_succeeded(self, job_id, *, fence, output_hash=None):
         """running → succeeded, only for the lock holder and only if nobody asked to cancel."""
         now = self.store.now()
         values = {AiJob.progress: 100, AiJob.output_hash: output_hash}
@@ -251,7 +251,7 @@ class AiJobLifecycleRepository:
             job_id, SUCCEEDED, (AiJob.lifecycle_status == RUNNING) & where, values, now
         )
 
-    def mark_failed(self, job_id, error, tx=None, *, fence):
+    def mark_failed(self, job_id, error, *, fence):
         """running → failed with the error's code, public and internal messages."""
         now = self.store.now()
         values = {
@@ -262,7 +262,7 @@ class AiJobLifecycleRepository:
         where = (AiJob.lifecycle_status == RUNNING) & fence.condition(self.store)
         return self._finish(job_id, FAILED, where, values, now)
 
-    def mark_cancelled(self, job_id, tx=None, *, fence=None):
+    def mark_cancelled(self, job_id, *, fence=None):
         """Without a fence (the owner cancels): queued → cancelled at once; running → cancel
         requested (the engine finishes it). With a fence (the engine): running → cancelled,
         once a cancel was requested."""
@@ -299,17 +299,17 @@ class AiJobLifecycleRepository:
             return job
         raise self._refusal(job_id, CANCELLED, job)
 
-    def transition(self, job_id, to_status, *, instance_id=None, fence=None, error=None, tx=None):
+    def transition(self, job_id, to_status, *, instance_id=None, fence=None, error=None):
         """Move a job to ``to_status`` through the named method for that edge. Nothing enters
         ``queued`` except ``create_job``, so that target always raises."""
         if to_status == RUNNING:
             return self.lock_job(job_id, instance_id)
         if to_status == SUCCEEDED:
-            return self.mark_succeeded(job_id, tx, fence=fence)
+            return self.mark_succeeded(job_id, fence=fence)
         if to_status == FAILED:
-            return self.mark_failed(job_id, error, tx, fence=fence)
+            return self.mark_failed(job_id, error, fence=fence)
         if to_status == CANCELLED:
-            return self.mark_cancelled(job_id, tx, fence=fence)
+            return self.mark_cancelled(job_id, fence=fence)
         raise self._refusal(job_id, to_status)
 
     # ------------------------------------------------------------ reads
@@ -391,5 +391,5 @@ class AiJobLifecycleRepository:
         if not is_legal(current, to_status):
             return IllegalTransitionError(job_id, current, to_status)
         if to_status == SUCCEEDED and job.cancel_requested_at is not None:
-            return JobCancelRequestedError(job_id)
+            return JobCancelledError('cancel requested before the result was committed')
         return JobLockConflictError(job_id)

@@ -142,8 +142,23 @@ class OutboxRepository:
             .execute()
         )
 
-    def get(self, event_id):
-        return OutboxEvent.get_by_id(event_id)
+    def purge_finished(self, older_than_ms, limit=1000):
+        """Delete up to ``limit`` published or dead events last touched ``older_than_ms`` ago;
+        pending, failed and claimed ones stay. Returns how many were deleted."""
+        cutoff = self.store.now_plus_ms(-older_than_ms)
+        ids = [
+            row.id
+            for row in OutboxEvent.select(OutboxEvent.id)
+            .where(
+                OutboxEvent.status.in_((PUBLISHED, DEAD))
+                & (OutboxEvent.available_at < cutoff)
+                & (OutboxEvent.updated_at < cutoff)
+            )
+            .limit(limit)
+        ]
+        if not ids:
+            return 0
+        return OutboxEvent.delete().where(OutboxEvent.id.in_(ids)).execute()
 
     def _update_claimed(self, event_id, instance_id, values, extra=None):
         values = dict(values)

@@ -17,7 +17,7 @@ from .errors import (
     QuotaExceededError,
     TooManyJobsError,
 )
-from .lifecycle import CANCELLED, FAILED, QUEUED, RUNNING
+from .lifecycle import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL
 from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
 from .outbox import ENQUEUE_EVENT
 from .store import IntegrityError, db_today
@@ -29,7 +29,7 @@ OVERRIDE_FIELDS = (
     'promptVersion',
     'outputSchemaVersion',
 )
-SNAPSHOT_TTL_MS = 30 * 24 * 3600 * 1000
+DEFAULT_SNAPSHOT_TTL_MS = 30 * 24 * 3600 * 1000
 
 
 @dataclass
@@ -61,8 +61,10 @@ class AiJobService:
         dispatch_now=None,
         admission=None,
         cancel_signal=None,
+        snapshot_ttl_ms=DEFAULT_SNAPSHOT_TTL_MS,
     ):
         self.store = store
+        self.snapshot_ttl_ms = snapshot_ttl_ms
         self.registry = registry
         self.lifecycle = lifecycle
         self.outbox = outbox
@@ -127,7 +129,7 @@ class AiJobService:
             job_id=job_id,
             content={'input': request.input, 'overrides': overrides},
             redaction_version=1,
-            expires_at=self.store.now_plus_ms(SNAPSHOT_TTL_MS),
+            expires_at=self.store.now_plus_ms(self.snapshot_ttl_ms),
             created_at=self.store.now(),
         ).execute()
         event = self.outbox.create_in_transaction(
@@ -195,6 +197,23 @@ class AiJobService:
     def snapshot(self, job_id):
         """The frozen ``{"input", "overrides"}`` a job runs on."""
         return AiJobSnapshot.get(AiJobSnapshot.job_id == job_id).content
+
+    def purge_expired_snapshots(self, limit=1000):
+        """Delete up to ``limit`` snapshots past their ``expires_at`` whose job has finished (a
+        queued or running job still needs its input). Returns how many were deleted."""
+        ids = [
+            row.id
+            for row in AiJobSnapshot.select(AiJobSnapshot.id)
+            .join(AiJob, on=(AiJob.id == AiJobSnapshot.job_id))
+            .where(
+                (AiJobSnapshot.expires_at < self.store.now())
+                & AiJob.lifecycle_status.in_(sorted(TERMINAL))
+            )
+            .limit(limit)
+        ]
+        if not ids:
+            return 0
+        return AiJobSnapshot.delete().where(AiJobSnapshot.id.in_(ids)).execute()
 
 
 def enqueue_payload(job):

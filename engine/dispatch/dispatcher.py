@@ -13,10 +13,9 @@ import threading
 import time
 
 from ..core.errors import QueueUnavailableError
+from ..core.logs import log_event
 from ..core.outbox import ENQUEUE_EVENT
 from .queue import Message
-
-log = logging.getLogger('aijob.dispatcher')
 
 
 class OutboxDispatcher:
@@ -62,10 +61,11 @@ class OutboxDispatcher:
         """Push an event this instance has claimed, then record the outcome: 'published',
         'failed' (a real rejection, counted) or 'outage' (handed back, not counted)."""
         if event.event_type != ENQUEUE_EVENT:
-            log.warning(
-                'outbox event %s has unknown type %s; marked published without dispatch',
-                event.id,
-                event.event_type,
+            log_event(
+                'outbox.unknown_event_type',
+                logging.WARNING,
+                event_id=event.id,
+                event_type=event.event_type,
             )
             self.outbox.mark_published(event.id, self.instance_id)
             return 'published'
@@ -84,11 +84,13 @@ class OutboxDispatcher:
         except QueueUnavailableError as exc:
             self._outage_backoff_s = min(30.0, max(0.5, self._outage_backoff_s * 2))
             self.outbox.release(event.id, self.instance_id, int(self._outage_backoff_s * 1000))
-            log.warning(
-                'queue unavailable (%s); event %s handed back, retry in %.1fs',
-                exc,
-                event.id,
-                self._outage_backoff_s,
+            log_event(
+                'queue.unavailable',
+                logging.WARNING,
+                component='dispatcher',
+                event_id=event.id,
+                retry_in_s=round(self._outage_backoff_s, 1),
+                error=str(exc),
             )
             return 'outage'
         self._outage_backoff_s = 0.0
@@ -99,7 +101,7 @@ class OutboxDispatcher:
         """Release claims of dispatchers that died between claim and push (contracts §4.5)."""
         released = self.outbox.release_expired_locks(self.lock_ttl_ms)
         if released:
-            log.info('released %d expired outbox claims', released)
+            log_event('outbox.claims_released', count=released)
         return released
 
     # ------------------------------------------------------------ the thread
@@ -114,7 +116,7 @@ class OutboxDispatcher:
                         self._next_release = time.monotonic() + self.release_ms / 1000.0
                     self.cycle()
             except Exception:  # a store outage: log, wait, go on
-                log.exception('dispatcher cycle failed')
+                log_event('dispatcher.cycle_failed', logging.ERROR, exc_info=True)
             wait = max(self.poll_ms / 1000.0, self._outage_backoff_s)
             self.wake.wait(wait)
             self.wake.clear()

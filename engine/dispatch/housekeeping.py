@@ -1,13 +1,13 @@
 """The reaper and the reconciler: the loops that make sure no job stays ``running`` or ``queued``
-forever, whatever happened to a worker or to Redis (architecture decisions 1 and 4)."""
+forever, whatever happened to a worker or to Redis (architecture decisions 1 and 4); and the
+purger, which keeps the snapshot and outbox tables from growing without bound."""
 
 import logging
 
 from ..core.errors import IllegalTransitionError, InternalJobError, JobLockConflictError
 from ..core.lifecycle import ExpiredLockFence
+from ..core.logs import log_event
 from .queue import Message
-
-log = logging.getLogger('aijob.maintenance')
 
 
 def message_for_job(job):
@@ -48,8 +48,12 @@ class Reaper:
                 # The dead worker's message may be gone (Redis lost it) or still held by a live
                 # but stuck process: push anyway; the lock CAS lets one worker take over.
                 self.queue.push(message_for_job(job), force=True)
-                log.warning(
-                    'job %s lost its worker %s; republished for takeover', job.id, job.locked_by
+                log_event(
+                    'job.worker_lost',
+                    logging.WARNING,
+                    job_id=job.id,
+                    worker=job.locked_by,
+                    outcome='republished',
                 )
                 return 'republished'
             self.lifecycle.mark_failed(
@@ -61,8 +65,13 @@ class Reaper:
                 ),
                 fence=fence,
             )
-            log.warning(
-                'job %s failed INTERNAL_WORKER_LOST after %d attempts', job.id, job.attempt_no
+            log_event(
+                'job.worker_lost',
+                logging.WARNING,
+                job_id=job.id,
+                worker=job.locked_by,
+                outcome='failed',
+                attempts=job.attempt_no,
             )
             return 'failed'
         except (JobLockConflictError, IllegalTransitionError):
@@ -89,5 +98,38 @@ class Reconciler:
                 republished.append(job.id)
         self.lifecycle.touch_queued(republished)
         if republished:
-            log.warning('reconciler republished %d queued jobs', len(republished))
+            log_event('reconciler.republished', logging.WARNING, count=len(republished))
         return len(republished)
+
+
+class Purger:
+    """Deletes what nobody needs any more, in batches so no statement holds locks for long: the
+    input snapshots of finished jobs past their ``expires_at`` (contracts §8.4), and outbox events
+    published or dead longer than ``outbox_retention_ms`` ago."""
+
+    def __init__(self, service, outbox, outbox_retention_ms, batch_size=1000):
+        self.service = service
+        self.outbox = outbox
+        self.outbox_retention_ms = outbox_retention_ms
+        self.batch_size = batch_size
+
+    def sweep(self):
+        """One pass, until both tables are clean; returns how many rows of each went."""
+        counts = {
+            'snapshots': _drain(lambda: self.service.purge_expired_snapshots(self.batch_size)),
+            'outbox': _drain(
+                lambda: self.outbox.purge_finished(self.outbox_retention_ms, self.batch_size)
+            ),
+        }
+        if any(counts.values()):
+            log_event('housekeeping.purged', **counts)
+        return counts
+
+
+def _drain(delete_batch):
+    total = 0
+    while True:
+        deleted = delete_batch()
+        total += deleted
+        if not deleted:
+            return total

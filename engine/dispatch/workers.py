@@ -16,7 +16,6 @@ from ..core.errors import JobLockConflictError, QueueUnavailableError
 from ..core.logs import log_event
 from ..execution.engine import ExecutionEngine
 
-log = logging.getLogger('aijob.worker')
 EXIT_FORCED = 3  # a second SIGTERM/SIGINT: exit now, takeover recovers the jobs
 
 
@@ -30,7 +29,7 @@ def run_every(name, interval_s, step, stop, connection):
                 with connection():
                     step()
             except Exception:
-                log.exception('%s step failed', name)
+                log_event('loop.step_failed', logging.ERROR, exc_info=True, loop=name)
             stop.wait(interval_s)
 
     thread = threading.Thread(target=loop, name=name, daemon=True)
@@ -90,12 +89,17 @@ class WorkerPool:
                 backoff = 0.0
             except QueueUnavailableError as exc:
                 backoff = min(10.0, max(0.2, backoff * 2))
-                log.warning(
-                    '%s: queue unavailable (%s); retry in %.1fs', self.queue_name, exc, backoff
+                log_event(
+                    'queue.unavailable',
+                    logging.WARNING,
+                    component='worker',
+                    queue=self.queue_name,
+                    retry_in_s=round(backoff, 1),
+                    error=str(exc),
                 )
                 self.stopping.wait(backoff)
             except Exception:
-                log.exception('%s: worker loop error', self.queue_name)
+                log_event('worker.loop_error', logging.ERROR, exc_info=True, queue=self.queue_name)
                 self.stopping.wait(0.5)
 
     def join(self, deadline):
@@ -123,7 +127,7 @@ class Supervisor:
             try:
                 job = self.lifecycle.extend_lock(attempt.job.id, attempt.fence, self.lock_ttl_ms)
             except JobLockConflictError:
-                log.warning('job %s: lock lost; abandoning', attempt.job.id)
+                log_event('job.lock_lost', logging.WARNING, job_id=attempt.job.id)
                 attempt.abandon()
                 continue
             if job.cancel_requested_at is not None:
@@ -217,6 +221,15 @@ class Worker:
                     conn,
                 )
             )
+            self.threads.append(
+                run_every(
+                    'purger',
+                    config.purge_interval_ms / 1000.0,
+                    rt.purger.sweep,
+                    self.stop_event,
+                    conn,
+                )
+            )
         for pool in self.pools:
             pool.start()
         log_event(
@@ -246,6 +259,8 @@ class Worker:
             instance=self.runtime.instance_id,
             outcome='all jobs finished' if finished else 'running jobs handed back',
             commits=self.runtime.store.commit_count(),
+            statements=self.runtime.store.statement_count(),
+            cpu_ms=round(time.process_time() * 1000.0, 1),  # this whole process, every thread
         )
 
     def _hand_back(self):
@@ -272,8 +287,8 @@ class Worker:
         self.start()
         while not signals:
             time.sleep(0.2)
-        log.info(
-            'signal %d: stopping (grace %d ms)', signals[0], self.runtime.config.shutdown_grace_ms
+        log_event(
+            'worker.stopping', signal=signals[0], grace_ms=self.runtime.config.shutdown_grace_ms
         )
 
 

@@ -13,13 +13,14 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..core.errors import (
+    CredentialError,
     CredentialNotFoundError,
     CredentialStorageUnavailableError,
     CredentialUndecryptableError,
     InvalidRequestError,
 )
 from ..core.models import UserModelCredential, new_id
-from .providers import Credential, CredentialResolver
+from .providers import Credential
 
 NONCE_BYTES = 12
 MAX_KEY_CHARS = 512
@@ -169,12 +170,12 @@ def _info(row):
     )
 
 
-class StoredCredentialResolver(CredentialResolver):
+class CredentialResolver:
     """RESOLVE for both modes: ``platform_key`` from the environment (never in the database);
     ``user_deepseek_key`` from the job's ``credential_id``, which must belong to the job's user."""
 
     def __init__(self, platform_api_key, credential_store):
-        super().__init__(platform_api_key=platform_api_key)
+        self._platform_api_key = platform_api_key
         self._credential_store = credential_store
 
     def resolve(self, job):
@@ -183,4 +184,6 @@ class StoredCredentialResolver(CredentialResolver):
                 raise CredentialNotFoundError('job %s has no credentialId' % job.id)
             api_key = self._credential_store.decrypt(job.user_id, job.credential_id)
             return Credential('user_deepseek_key', api_key, job.credential_id)
-        return super().resolve(job)
+        if job.credential_mode == 'platform_key':
+            return Credential('platform_key', self._platform_api_key)
+        raise CredentialError('credential mode %s is not available' % job.credential_mode)

@@ -19,11 +19,9 @@ from ..core.errors import (
     IllegalTransitionError,
     InternalJobError,
     JobCancelledError,
-    JobCancelRequestedError,
     JobFailure,
     JobLockConflictError,
     JobNotFoundError,
-    JobTimeoutError,
     MisconfiguredJobError,
     OutputValidationError,
     UnknownJobTypeError,
@@ -33,9 +31,6 @@ from ..core.logs import log_event
 from ..core.models import AiJob, canonical_hash
 from .providers import CallContext, ProviderRequest, Usage
 from .usage import record_usage
-
-log = logging.getLogger('aijob.engine')
-MAX_INTERNAL_RETRIES = 1  # contracts §5.2: INTERNAL_* is retried at most once
 
 
 class AttemptAbandoned(Exception):
@@ -76,7 +71,7 @@ class Resolved:
 
 
 class ExecutionEngine:
-    def __init__(self, runtime, instance_id, on_event=None):
+    def __init__(self, runtime, instance_id):
         self.store = runtime.store
         self.registry = runtime.registry
         self.lifecycle = runtime.lifecycle
@@ -84,7 +79,6 @@ class ExecutionEngine:
         self.ai = runtime.ai
         self.instance_id = instance_id
         self.lock_ttl_ms = runtime.config.lock_ttl_ms
-        self.on_event = on_event  # domain-event hook: on_event(name, job)
         self.held = {}  # job id -> Attempt, watched by the supervisor
         self._held_lock = threading.Lock()
 
@@ -126,7 +120,13 @@ class ExecutionEngine:
                 return None
             return self._finish_cancelled(a)
         except (AttemptAbandoned, JobLockConflictError) as exc:
-            log.warning('job %s abandoned by %s: %s', a.job.id, self.instance_id, exc)
+            log_event(
+                'job.abandoned',
+                logging.WARNING,
+                job_id=a.job.id,
+                worker=self.instance_id,
+                reason=str(exc),
+            )
             return None
         except JobFailure as failure:  # RESOLVE failed: credentials, routing
             return self._fail(a, failure)
@@ -155,32 +155,25 @@ class ExecutionEngine:
             except JobCancelledError:
                 raise
             except JobFailure as failure:
-                internal = failure.code.startswith('INTERNAL_')
+                abort_strategy = a.definition.execution.abort_strategy
                 if (
-                    not self._retryable(a, failure, internal_retries)
+                    not failure.may_retry(abort_strategy, internal_retries)
                     or retries_used >= a.job.max_retry_count
                 ):
                     return self._fail(a, failure)
                 delay_s = a.definition.execution.retry_backoff.delay_ms(retries_used + 1) / 1000.0
                 delay_s = max(delay_s, failure.retry_after_s or 0)
-                log.info(
-                    'job %s attempt %d failed %s; retry in %.2fs',
-                    a.job.id,
-                    retries_used + 1,
-                    failure.code,
-                    delay_s,
+                log_event(
+                    'job.retry_scheduled',
+                    job_id=a.job.id,
+                    call=retries_used + 1,
+                    error_code=failure.code,
+                    delay_s=round(delay_s, 2),
                 )
                 self._wait(a, delay_s)
                 retries_used += 1
-                internal_retries += internal
+                internal_retries += isinstance(failure, InternalJobError)
                 self.lifecycle.count_retry(a.job.id, a.fence)
-
-    def _retryable(self, a, failure, internal_retries):
-        if isinstance(failure, JobTimeoutError):
-            return a.definition.execution.abort_strategy == 'retry'
-        if failure.code.startswith('INTERNAL_'):
-            return failure.retryable and internal_retries < MAX_INTERNAL_RETRIES
-        return failure.retryable
 
     def _call(self, a, resolved, call_no):
         """One provider call: generate within the deadline, validate, safety on output. Every
@@ -252,17 +245,15 @@ class ExecutionEngine:
 
         def work(tx):
             resolved.projector.project(tx, a.job, output)
-            job = self.lifecycle.mark_succeeded(
-                a.job.id, tx, fence=a.fence, output_hash=output_hash
-            )
+            job = self.lifecycle.mark_succeeded(a.job.id, fence=a.fence, output_hash=output_hash)
             self._log_usage(a, resolved, call_no, usage, latency_ms, None)
             return job
 
         try:
             job = self.store.run_in_transaction(work)
-        except JobCancelRequestedError:
+        except JobCancelledError:  # a cancel request beat the success write: rolled back
             self._log_usage(a, resolved, call_no, usage, latency_ms, None)
-            raise JobCancelledError('cancel requested before the result was committed') from None
+            raise
         except (JobLockConflictError, JobFailure):
             raise
         except Exception as exc:  # projector or store failure: rolled back
@@ -292,11 +283,6 @@ class ExecutionEngine:
             retries=job.retry_count,
             run_ms=_ms_since(a.started),
         )
-        if self.on_event is not None:
-            try:
-                self.on_event('ai.job.%s' % job.lifecycle_status, job)
-            except Exception:
-                log.exception('domain event hook failed for job %s', job.id)
         return job.lifecycle_status
 
     def _log_usage(self, a, resolved, call_no, usage, latency_ms, error_code):

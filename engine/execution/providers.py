@@ -8,11 +8,9 @@ retryability); the engine owns retries, timeouts and cancellation decisions.
 import threading
 import time
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Optional
 
 from ..core.errors import (
-    CredentialError,
     JobCancelledError,
     JobTimeoutError,
     MisconfiguredJobError,
@@ -126,30 +124,3 @@ class AiGateway:
                 'no provider %r configured' % key, code='INTERNAL_PROVIDER_MISSING'
             )
         return provider, getattr(provider, 'model', None) or provider.key
-
-
-class CredentialResolver:
-    """RESOLVE: the credential for a job. This default knows the platform key only."""
-
-    def __init__(self, platform_api_key=None):
-        self._platform_api_key = platform_api_key
-
-    def resolve(self, job):
-        if job.credential_mode == 'platform_key':
-            return Credential('platform_key', self._platform_api_key)
-        raise CredentialError('credential mode %s is not available' % job.credential_mode)
-
-
-class ContentSafety:
-    """The ``security.contentSafetyCheck`` hook: raise ContentSafetyError on a hit. This default
-    policy blocks nothing; ``stage`` is 'input' or 'output'."""
-
-    def check(self, value, stage):
-        return None
-
-
-class CostCalculator:
-    """Cost of one call from a price table; the default prices everything at zero."""
-
-    def cost(self, provider_key, model, usage):
-        return Decimal('0')

@@ -5,7 +5,6 @@ never retried. Error messages name the stage and pattern number, never the match
 import re
 
 from ..core.errors import ContentSafetyError
-from .providers import ContentSafety
 
 # Never send a private key to a model, never store one produced by a model.
 DEFAULT_PATTERNS = (r'-----BEGIN [A-Z ]*PRIVATE KEY-----',)
@@ -27,7 +26,10 @@ def parse_patterns(raw):
     return compiled
 
 
-class RegexContentSafety(ContentSafety):
+class RegexContentSafety:
+    """The ``security.contentSafetyCheck`` hook: case-insensitive patterns, checked on a job's
+    input and output (``stage`` is 'input' or 'output')."""
+
     def __init__(self, patterns):
         self._patterns = list(patterns)
 

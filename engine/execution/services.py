@@ -8,11 +8,11 @@ job type by name.
 from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError, InvalidRequestError, PlatformUnavailableError
-from .credentials import CredentialStore, StoredCredentialResolver
+from .credentials import CredentialResolver, CredentialStore
 from .openai_client import OpenAICompatibleProvider
 from .projectors import ProjectorRegistry
 from .prompts import PromptLibrary, default_library
-from .providers import AiGateway, ContentSafety, CostCalculator, CredentialResolver
+from .providers import AiGateway
 from .safety import RegexContentSafety
 from .usage import PriceTableCostCalculator
 
@@ -21,8 +21,8 @@ from .usage import PriceTableCostCalculator
 class AiServices:
     gateway: AiGateway
     credentials: CredentialResolver
-    safety: ContentSafety
-    pricing: CostCalculator
+    safety: RegexContentSafety
+    pricing: PriceTableCostCalculator
     credential_store: object = None  # CredentialStore: users' keys, register/list/delete
     projectors: ProjectorRegistry = field(default_factory=ProjectorRegistry)
     prompts: PromptLibrary = field(default_factory=default_library)
@@ -77,7 +77,7 @@ def build_ai_services(config, store):
     credential_store = CredentialStore(store, config.credential_master_key)
     return AiServices(
         gateway=AiGateway(providers, default_provider='synthetic'),
-        credentials=StoredCredentialResolver(config.platform_api_key, credential_store),
+        credentials=CredentialResolver(config.platform_api_key, credential_store),
         safety=_configured(
             'AIJOB_CONTENT_SAFETY_PATTERNS',
             RegexContentSafety.from_list,

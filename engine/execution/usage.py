@@ -14,7 +14,6 @@ from peewee import fn
 
 from ..core.models import AiUsageLog
 from ..core.store import db_now
-from .providers import CostCalculator
 
 COST_PLACES = Decimal('0.000001')  # ai_usage_log.cost is DECIMAL(14, 6)
 
@@ -51,7 +50,9 @@ def _parse_price(model, entry):
     return Price(prompt, completion, per)
 
 
-class PriceTableCostCalculator(CostCalculator):
+class PriceTableCostCalculator:
+    """The cost of one provider call from the configured price table."""
+
     def __init__(self, table):
         self._table = dict(table)
 

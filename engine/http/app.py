@@ -17,10 +17,19 @@ import peewee
 
 from ..core.errors import (
     AiJobError,
+    ForbiddenError,
+    InvalidJsonError,
     InvalidRequestError,
     JobNotFoundError,
+    MethodNotAllowedError,
+    NoSuchEndpointError,
+    NotReadyError,
+    PayloadTooLargeError,
     StoreUnavailableError,
+    UnauthorizedError,
+    UnknownCredentialError,
     UnknownJobTypeError,
+    UnsupportedMediaTypeError,
 )
 from ..core.lifecycle import RUNNING, TERMINAL
 from ..core.logs import log_event
@@ -37,34 +46,14 @@ MAX_WAIT_MS = 30_000
 USAGE_GROUPS = {'user': 'user', 'jobType': 'job_type'}
 CREATE_FIELDS = ('jobType', 'targetType', 'targetId', 'input', 'idempotencyKey', 'overrides')
 
-# Codes for errors raised by the HTTP layer itself (and by bottle: no route, wrong method).
-HTTP_CODES = {
-    400: 'INVALID_REQUEST',
-    401: 'UNAUTHORIZED',
-    403: 'FORBIDDEN',
-    404: 'NOT_FOUND',
-    405: 'METHOD_NOT_ALLOWED',
-    413: 'PAYLOAD_TOO_LARGE',
-    415: 'UNSUPPORTED_MEDIA_TYPE',
-    500: 'INTERNAL_ERROR',
+INTERNAL_MESSAGE = 'Internal error.'
+
+# bottle's own errors (no route, wrong method, a body it cannot read) by status.
+BOTTLE_ERRORS = {
+    404: NoSuchEndpointError,
+    405: MethodNotAllowedError,
+    413: PayloadTooLargeError,
 }
-HTTP_MESSAGES = {
-    404: 'No such endpoint.',
-    405: 'Method not allowed on this endpoint.',
-    500: 'Internal error.',
-}
-
-
-class HttpError(AiJobError):
-    """An error of the HTTP layer (auth, body, media type), with its own code and status."""
-
-    def __init__(self, http_status, message, code=None):
-        super().__init__(message, public_message=message)
-        self.http_status = http_status
-        self.code = code or HTTP_CODES[http_status]
-
-
-UNAUTHORIZED = 'A valid bearer token is required (Authorization: Bearer …).'
 
 
 # ---------------------------------------------------------------- responses
@@ -86,7 +75,7 @@ def error_reply(exc):
     """The JSON error for an AiJobError; a 5xx other than 503 hides everything but its code."""
     status = exc.http_status
     if status >= 500 and status != 503:
-        return reply(error_body('INTERNAL_ERROR', HTTP_MESSAGES[500]), 500)
+        return reply(error_body('INTERNAL_ERROR', INTERNAL_MESSAGE), 500)
     headers = {}
     retry_after = getattr(exc, 'retry_after_s', None)
     if retry_after is not None and status in (429, 503):
@@ -133,7 +122,7 @@ class _Guard:
             return error_reply(StoreUnavailableError())
         except Exception:
             log_event('http.internal_error', logging.ERROR, exc_info=True)
-            return error_reply(HttpError(500, HTTP_MESSAGES[500]))
+            return error_reply(AiJobError())
 
 
 def _access_log(route, status, started, job_id):
@@ -153,9 +142,12 @@ def _bottle_error(error):
     """bottle's own errors (no route, wrong method) as JSON errors."""
     status = error.status_code
     bottle.response.content_type = JSON_TYPE
-    code = HTTP_CODES.get(status, 'INTERNAL_ERROR' if status >= 500 else 'INVALID_REQUEST')
-    message = HTTP_MESSAGES.get(status, 'The request could not be processed.')
-    return json.dumps(error_body(code, message))
+    if status in BOTTLE_ERRORS:
+        known = BOTTLE_ERRORS[status]()
+        return json.dumps(error_body(known.code, known.public_message))
+    if status >= 500:
+        return json.dumps(error_body('INTERNAL_ERROR', INTERNAL_MESSAGE))
+    return json.dumps(error_body('INVALID_REQUEST', 'The request could not be processed.'))
 
 
 # ---------------------------------------------------------------- request helpers
@@ -169,19 +161,19 @@ def _json_body(max_bytes):
     environ = bottle.request.environ
     length = bottle.request.content_length
     if length > max_bytes:
-        raise HttpError(413, 'The request body is larger than %d bytes.' % max_bytes)
+        raise PayloadTooLargeError('The request body is larger than %d bytes.' % max_bytes)
     media_type = environ.get('CONTENT_TYPE', '').split(';')[0].strip().lower()
     if media_type != JSON_TYPE and not media_type.endswith('+json'):
-        raise HttpError(415, 'The request body must be application/json.')
+        raise UnsupportedMediaTypeError()
     raw = environ['wsgi.input'].read(max_bytes + 1 if length < 0 else length)
     if len(raw) > max_bytes:
-        raise HttpError(413, 'The request body is larger than %d bytes.' % max_bytes)
+        raise PayloadTooLargeError('The request body is larger than %d bytes.' % max_bytes)
     try:
         body = json.loads(raw.decode('utf-8'), parse_constant=_reject_constant)
     except (ValueError, RecursionError):
-        raise HttpError(400, 'The request body is not valid JSON.', 'INVALID_JSON') from None
+        raise InvalidJsonError() from None
     if not isinstance(body, dict):
-        raise HttpError(400, 'The request body must be a JSON object.', 'INVALID_JSON')
+        raise InvalidJsonError('The request body must be a JSON object.')
     return body
 
 
@@ -267,14 +259,14 @@ class Api:
         token = bearer_token(bottle.request.get_header('Authorization'))
         principal = self.tokens.authenticate(token) if token else None
         if principal is None:
-            raise HttpError(401, UNAUTHORIZED)
+            raise UnauthorizedError()
         bottle.request.environ['aijob.principal'] = principal
         return principal
 
     def admin(self):
         principal = self.caller()
         if not principal.is_admin:
-            raise HttpError(403, 'This endpoint is for SUPER_ADMIN only.')
+            raise ForbiddenError()
         return principal
 
     def visible_job(self, job_id, principal, admin_sees_all=True):
@@ -407,7 +399,7 @@ class Api:
     def delete_credential(self, credential_id):
         principal = self.caller()
         if not self.runtime.ai.credential_store.delete(principal.user_id, credential_id):
-            raise HttpError(404, 'Credential not found.', 'CREDENTIAL_NOT_FOUND')
+            raise UnknownCredentialError()
         log_event('credential.deleted', credential_id=credential_id, user_id=principal.user_id)
         return bottle.HTTPResponse(status=204)
 
@@ -432,9 +424,10 @@ class Api:
         checks = {'database': _check(self.store.ping), 'queue': _check(self.runtime.queue.ping)}
         if all(value == 'ok' for value in checks.values()):
             return reply({'status': 'ready', 'checks': checks})
-        body = error_body('NOT_READY', 'A dependency of the service is unreachable.')
+        not_ready = NotReadyError()
+        body = error_body(not_ready.code, not_ready.public_message)
         body['checks'] = checks
-        return reply(body, 503, {'Retry-After': '5'})
+        return reply(body, 503, {'Retry-After': str(not_ready.retry_after_s)})
 
     def openapi_document(self):
         return reply(self.openapi)

@@ -2,6 +2,7 @@
 error code. The test client validates every response the suite sees against it, so it cannot
 drift from what the API really answers."""
 
+from ..core.errors import public_error_codes
 from ..core.lifecycle import LEGACY_STATUS_TO_LIFECYCLE, Status
 from ..core.registry import CREDENTIAL_MODES, QUEUE_NAMES
 from .params import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
@@ -10,25 +11,24 @@ STATUSES = [status.value for status in Status]
 TIME = {'type': 'string', 'format': 'date-time'}
 NULLABLE_TIME = {'type': ['string', 'null'], 'format': 'date-time'}
 
-# Which codes each HTTP error status can carry (contracts §7.3 and the HTTP layer).
-ERROR_CODES = {
-    400: 'INVALID_JSON, INVALID_REQUEST, INVALID_INPUT or UNKNOWN_JOB_TYPE; `field` names the '
-    'offending field when there is one',
-    401: 'UNAUTHORIZED: the bearer token is missing, malformed, unknown or revoked',
-    403: 'FORBIDDEN: the endpoint is for SUPER_ADMIN only',
-    404: 'JOB_NOT_FOUND: no such job, or not one of yours (never 403 for a job); NOT_FOUND for '
-    'an unknown path',
-    405: 'METHOD_NOT_ALLOWED',
-    409: 'JOB_NOT_CANCELLABLE, JOB_ALREADY_CANCELLED or JOB_NOT_RETRYABLE',
-    413: 'PAYLOAD_TOO_LARGE: the body is over AIJOB_MAX_BODY_BYTES',
-    415: 'UNSUPPORTED_MEDIA_TYPE: the body must be application/json',
-    422: 'IDEMPOTENCY_KEY_REUSED: the key was used before with a different request',
-    429: 'TOO_MANY_JOBS (too many unfinished jobs) or QUOTA_EXCEEDED (daily quota); see '
-    'Retry-After',
-    500: 'INTERNAL_ERROR: nothing else is said',
-    503: 'PLATFORM_UNAVAILABLE: the AI platform or the store is unavailable; see Retry-After. '
-    'CREDENTIAL_STORAGE_UNAVAILABLE: no credential master key is configured',
+# What a status's codes mean where their names do not say it; the codes themselves come from the
+# error classes (errors.public_error_codes), so a new error cannot be left out of the document.
+ERROR_NOTES = {
+    400: '`field` names the offending field when there is one',
+    401: 'the bearer token is missing, malformed, unknown or revoked',
+    403: 'the endpoint is for SUPER_ADMIN only',
+    404: "also for another user's job (never 403 for a job); NOT_FOUND for an unknown path",
+    413: 'the body is over AIJOB_MAX_BODY_BYTES',
+    422: 'the idempotency key was used before with a different request',
+    429: 'see Retry-After',
+    500: 'nothing else is said',
+    503: 'see Retry-After; CREDENTIAL_STORAGE_UNAVAILABLE: no credential master key is configured',
 }
+ERROR_CODES = {
+    status: ', '.join(codes) + ('; ' + ERROR_NOTES[status] if status in ERROR_NOTES else '')
+    for status, codes in public_error_codes().items()
+}
+ALL_ERROR_CODES = sorted({code for codes in public_error_codes().values() for code in codes})
 RETRY_AFTER = {
     'Retry-After': {
         'description': 'Seconds to wait before trying again.',
@@ -219,9 +219,9 @@ def _schemas(job_types):
         'Credential': {
             'type': 'object',
             'additionalProperties': False,
-            'required': ['id', 'provider', 'maskedKey', 'createdAt'],
+            'required': ['credentialId', 'provider', 'maskedKey', 'createdAt'],
             'properties': {
-                'id': {'type': 'string'},
+                'credentialId': {'type': 'string'},
                 'provider': {'type': 'string'},
                 'maskedKey': {'type': 'string'},
                 'createdAt': TIME,
@@ -275,7 +275,7 @@ def _schemas(job_types):
                     'additionalProperties': False,
                     'required': ['code', 'message'],
                     'properties': {
-                        'code': {'type': 'string', 'pattern': '^[A-Z][A-Z_]+$'},
+                        'code': {'type': 'string', 'enum': ALL_ERROR_CODES},
                         'message': {'type': 'string'},
                         'field': {'type': 'string'},
                     },

@@ -1,5 +1,5 @@
 """Serving the API with gunicorn: ``web`` (the API only, several worker processes) and ``serve``
-(one worker process that also runs the engine: dispatcher, worker pools, reaper, reconciler).
+(one worker process that also runs the engine: dispatcher, worker pools and housekeeping).
 
 Each gunicorn worker builds its own Runtime after the fork, so no database connection or Redis
 socket is shared across processes. ``serve`` keeps a single process with threads because its

@@ -133,7 +133,7 @@ def artifact_contents(job):
 def credential(info):
     """A stored provider key as its owner may see it: the mask, never the key."""
     return {
-        'id': info.id,
+        'credentialId': info.id,
         'provider': info.provider,
         'maskedKey': info.masked_key,
         'createdAt': iso(info.created_at),
