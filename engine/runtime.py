@@ -80,6 +80,7 @@ class Runtime:
             poll_ms=config.outbox_poll_ms,
             release_ms=config.outbox_release_ms,
             lock_ttl_ms=config.outbox_lock_ttl_ms,
+            store_connection=self.store.connection,
         )
         self.reaper = Reaper(self.lifecycle, self.queue, reap_after_ms=config.reap_after_ms)
         self.reconciler = Reconciler(self.lifecycle, self.queue, after_ms=config.reconcile_after_ms)
@@ -134,6 +135,7 @@ class Runtime:
 
     def close(self):
         self.stop_background(timeout_s=5)
+        self.dispatcher.marks.close()
         self.queue.close()
         self.store.close()
 

@@ -16,9 +16,10 @@ DAY_MS = 24 * 3600 * 1000
 def failed_job(runtime, target_id):
     job = create_job(runtime, target_id=target_id)
     locked = runtime.lifecycle.lock_job(job.id, 'w1')
-    return runtime.lifecycle.mark_failed(
+    runtime.lifecycle.mark_failed(
         job.id, ProviderError('boom'), fence=Fence('w1', locked.attempt_no)
     )
+    return runtime.lifecycle.get(job.id)
 
 
 def expire_snapshot(runtime, job_id):

@@ -42,10 +42,10 @@ def job_in_state(runtime, state):
     time.sleep(0.02)  # the lock expires: a takeover is possible
     fence = Fence('worker-1', job.attempt_no)
     if state == 'succeeded':
-        return repo.mark_succeeded(job.id, fence=fence, output_hash='h')
+        repo.mark_succeeded(job.id, fence=fence, output_hash='h')
     if state == 'failed':
-        return repo.mark_failed(job.id, ProviderError('boom'), fence=fence)
-    return job
+        repo.mark_failed(job.id, ProviderError('boom'), fence=fence)
+    return repo.get(job.id)
 
 
 def attempt(repo, job, to_status):
@@ -131,7 +131,8 @@ def test_a_zombie_cannot_finish_a_job_taken_over(runtime):
         'worker-2',
         0,
     )
-    assert repo.mark_succeeded(job.id, fence=Fence('worker-2', second.attempt_no)).progress == 100
+    repo.mark_succeeded(job.id, fence=Fence('worker-2', second.attempt_no))
+    assert repo.get(job.id).progress == 100
 
 
 def test_heartbeat_extends_the_lock_and_reports_a_cancel_request(runtime):
@@ -153,7 +154,8 @@ def test_cancel_while_running_is_a_request_until_the_engine_finishes_it(runtime)
     assert repo.mark_cancelled(job.id).lifecycle_status == 'running'  # idempotent
     with pytest.raises(JobCancelledError):
         repo.mark_succeeded(job.id, fence=fence)  # never succeeded
-    done = repo.mark_cancelled(job.id, fence=fence)
+    repo.mark_cancelled(job.id, fence=fence)
+    done = repo.get(job.id)
     assert (done.lifecycle_status, done.error_code) == ('cancelled', 'CANCELLED')
     with pytest.raises(JobAlreadyCancelledError):
         repo.mark_cancelled(job.id)
@@ -177,10 +179,8 @@ def test_find_expired_locks_and_the_reaper_fence(runtime):
     assert repo.find_expired_locks(threshold_ms=60_000) == []
     with pytest.raises(JobLockConflictError):  # the live lock is not reapable
         repo.mark_failed(live.id, ProviderError('x'), fence=ExpiredLockFence(live.attempt_no, 20))
-    failed = repo.mark_failed(
-        dead.id, ProviderError('lost'), fence=ExpiredLockFence(dead.attempt_no, 20)
-    )
-    assert failed.lifecycle_status == 'failed'
+    repo.mark_failed(dead.id, ProviderError('lost'), fence=ExpiredLockFence(dead.attempt_no, 20))
+    assert repo.get(dead.id).lifecycle_status == 'failed'
 
 
 def test_find_by_lifecycle_status(runtime):

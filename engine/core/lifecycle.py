@@ -10,8 +10,6 @@ stale fence raises ``JobLockConflictError``.
 from dataclasses import dataclass
 from enum import Enum
 
-from peewee import fn
-
 from .errors import (
     IllegalTransitionError,
     JobAlreadyCancelledError,
@@ -20,7 +18,8 @@ from .errors import (
     JobNotCancellableError,
     JobNotFoundError,
 )
-from .models import AiJob
+from .models import AiJob, AiJobSnapshot
+from .sql import Statement, job_from_row, placeholders
 
 
 class Status(str, Enum):
@@ -61,6 +60,72 @@ LEGACY_STATUS_TO_LIFECYCLE = {
 }
 
 
+# ------------------------------------------------------------ the hot path's statements (sql.py)
+CREATE_COLUMNS = (
+    'id',
+    'lifecycle_status',
+    'queue_name',
+    'priority',
+    'progress',
+    'user_id',
+    'job_type',
+    'target_type',
+    'target_id',
+    'idempotency_key',
+    'request_fingerprint',
+    'credential_mode',
+    'credential_id',
+    'prompt_version',
+    'output_schema_version',
+    'attempt_no',
+    'retry_count',
+    'max_retry_count',
+    'retry_of_job_id',
+)
+_INSERT_JOB = 'INSERT INTO ai_job (%s, created_at, updated_at) VALUES (%s, {now}, {now})' % (
+    ', '.join(CREATE_COLUMNS),
+    placeholders(len(CREATE_COLUMNS)),
+)
+INSERT_JOB = Statement(_INSERT_JOB)
+INSERT_JOB_RETURNING = Statement(_INSERT_JOB + ' RETURNING created_at')
+SELECT_CREATED_AT = Statement('SELECT created_at FROM ai_job WHERE id = %s')
+
+JOB_COLUMNS = tuple(AiJob._meta.sorted_field_names)
+SELECT_JOB_AND_SNAPSHOT = Statement(
+    'SELECT %s, s.content FROM ai_job j LEFT JOIN ai_job_snapshot s ON s.job_id = j.id '
+    'WHERE j.id = %%s' % ', '.join('j.' + name for name in JOB_COLUMNS)
+)
+# {attempts_left} is filled per repository from its queues' attempt limits.
+LOCK_JOB = (
+    "UPDATE ai_job SET lifecycle_status = 'running', locked_by = %s, locked_at = {now}, "
+    'lock_until = {now_plus}, started_at = COALESCE(started_at, {now}), '
+    'attempt_no = attempt_no + 1, updated_at = {now} '
+    "WHERE id = %s AND (lifecycle_status = 'queued' OR (lifecycle_status = 'running' "
+    'AND lock_until < {now} AND cancel_requested_at IS NULL AND ({attempts_left})))'
+)
+SET_PROGRESS = Statement(
+    'UPDATE ai_job SET progress = %s, updated_at = {now} '
+    "WHERE id = %s AND lifecycle_status = 'running' AND locked_by = %s AND attempt_no = %s"
+)
+CANCELLED_VALUES = {'error_code': 'CANCELLED', 'public_error_message': 'The job was cancelled.'}
+_FINISH_STATEMENTS = {}
+
+
+def _finish_statement(columns, fence_sql, extra_condition):
+    """running → terminal for the fence holder, setting ``columns``; made once per shape."""
+    key = (columns, fence_sql, extra_condition)
+    if key not in _FINISH_STATEMENTS:
+        sets = ''.join('%s = %%s, ' % name for name in columns)
+        where = "id = %%s AND lifecycle_status = 'running' AND %s" % fence_sql
+        if extra_condition:
+            where += ' AND ' + extra_condition
+        _FINISH_STATEMENTS[key] = Statement(
+            'UPDATE ai_job SET lifecycle_status = %%s, %sfinished_at = {now}, lock_until = NULL, '
+            'updated_at = {now} WHERE %s' % (sets, where)
+        )
+    return _FINISH_STATEMENTS[key]
+
+
 def is_legal(from_status, to_status):
     return (from_status, to_status) in LEGAL_EDGES
 
@@ -74,6 +139,10 @@ class Fence:
 
     def condition(self, store):
         return (AiJob.locked_by == self.instance_id) & (AiJob.attempt_no == self.attempt_no)
+
+    def sql(self, store):
+        """The same condition as plain SQL: (text, parameters)."""
+        return 'locked_by = %s AND attempt_no = %s', (self.instance_id, self.attempt_no)
 
 
 @dataclass(frozen=True)
@@ -89,6 +158,12 @@ class ExpiredLockFence:
             AiJob.lock_until < store.now_plus_ms(-self.expired_for_ms)
         )
 
+    def sql(self, store):
+        return 'attempt_no = %s AND lock_until < {now_plus}', (
+            self.attempt_no,
+            store.ms_param(-self.expired_for_ms),
+        )
+
 
 class AiJobLifecycleRepository:
     def __init__(self, store, lock_ttl_ms=60_000, queue_attempts=None):
@@ -96,6 +171,7 @@ class AiJobLifecycleRepository:
         self.lock_ttl_ms = lock_ttl_ms
         # Locks a job may take in all, per queue (contracts §3.1 "attempts"); takeovers stop there.
         self.queue_attempts = dict(queue_attempts or {'ai-interactive': 2, 'ai-background': 3})
+        self._lock = None
 
     # ------------------------------------------------------------ create
     def create_job(
@@ -119,10 +195,10 @@ class AiJobLifecycleRepository:
         retry_of_job_id=None,
     ):
         """Insert a job in ``queued``, inside the caller's transaction ``tx`` (the caller writes
-        the outbox event in the same one)."""
+        the outbox event in the same one). Returns the job as written, without reading it back
+        where the database can return its creation time."""
         assert tx is not None and self.store.in_transaction(), 'create_job needs a transaction'
-        now = self.store.now()
-        AiJob.insert(
+        values = dict(
             id=job_id,
             lifecycle_status=QUEUED,
             queue_name=queue_name,
@@ -142,40 +218,32 @@ class AiJobLifecycleRepository:
             retry_count=0,
             max_retry_count=max_retry_count,
             retry_of_job_id=retry_of_job_id,
-            created_at=now,
-            updated_at=now,
-        ).execute()
-        return self.get(job_id)
+        )
+        params = tuple(values[name] for name in CREATE_COLUMNS)
+        if self.store.insert_returns():
+            created_at = self.store.execute(INSERT_JOB_RETURNING, params).fetchone()[0]
+        else:
+            self.store.execute(INSERT_JOB, params)
+            created_at = self.store.execute(SELECT_CREATED_AT, (job_id,)).fetchone()[0]
+        created_at = AiJob.created_at.python_value(created_at)
+        return AiJob(__no_default__=True, created_at=created_at, updated_at=created_at, **values)
 
     # ------------------------------------------------------------ lock, heartbeat, progress
     def lock_job(self, job_id, instance_id, lock_ttl_ms=None):
         """queued → running (CAS), or take over a running job whose lock expired while its queue
         allows another attempt. Returns the job; ``job.attempt_no`` is the new fence."""
-        now = self.store.now()
-        takeover = (
-            (AiJob.lifecycle_status == RUNNING)
-            & (AiJob.lock_until < now)
-            & AiJob.cancel_requested_at.is_null()
-            & self._attempts_left()
-        )
-        changed = (
-            AiJob.update(
-                {
-                    AiJob.lifecycle_status: RUNNING,
-                    AiJob.locked_by: instance_id,
-                    AiJob.locked_at: now,
-                    AiJob.lock_until: self.store.now_plus_ms(lock_ttl_ms or self.lock_ttl_ms),
-                    AiJob.started_at: fn.COALESCE(AiJob.started_at, now),
-                    AiJob.attempt_no: AiJob.attempt_no + 1,
-                    AiJob.updated_at: now,
-                }
-            )
-            .where((AiJob.id == job_id) & ((AiJob.lifecycle_status == QUEUED) | takeover))
-            .execute()
-        )
-        if not changed:
+        return self.lock_job_with_snapshot(job_id, instance_id, lock_ttl_ms)[0]
+
+    def lock_job_with_snapshot(self, job_id, instance_id, lock_ttl_ms=None):
+        """``lock_job``, plus the job's snapshot content (None if it has none), in two
+        statements: the CAS UPDATE, then one read of the job and its snapshot together."""
+        ttl = self.store.ms_param(lock_ttl_ms or self.lock_ttl_ms)
+        cursor = self.store.execute(self._lock_statement, (instance_id, ttl, job_id))
+        if cursor.rowcount != 1:
             raise self._refusal(job_id, RUNNING)
-        return self.get(job_id)
+        row = self.store.execute(SELECT_JOB_AND_SNAPSHOT, (job_id,)).fetchone()
+        job = job_from_row(JOB_COLUMNS, row[:-1])
+        return job, AiJobSnapshot.content.python_value(row[-1])
 
     def extend_lock(self, job_id, fence, lock_ttl_ms=None):
         """Heartbeat: push ``lock_until`` forward. Returns the job (the caller checks
@@ -215,16 +283,8 @@ class AiJobLifecycleRepository:
     def set_progress(self, job_id, fence, progress):
         """Record progress (0–100) of a running job; only its lock holder may."""
         progress = max(0, min(100, int(progress)))
-        changed = (
-            AiJob.update({AiJob.progress: progress, AiJob.updated_at: self.store.now()})
-            .where(
-                (AiJob.id == job_id)
-                & (AiJob.lifecycle_status == RUNNING)
-                & fence.condition(self.store)
-            )
-            .execute()
-        )
-        if not changed:
+        params = (progress, job_id) + fence.sql(self.store)[1]
+        if self.store.execute(SET_PROGRESS, params).rowcount != 1:
             raise JobLockConflictError(job_id, 'lock lost')
 
     def count_retry(self, job_id, fence):
@@ -244,42 +304,45 @@ class AiJobLifecycleRepository:
     # ------------------------------------------------------------ terminal states
     def mark_succeeded(self, job_id, *, fence, output_hash=None):
         """running → succeeded, only for the lock holder and only if nobody asked to cancel."""
-        now = self.store.now()
-        values = {AiJob.progress: 100, AiJob.output_hash: output_hash}
-        where = fence.condition(self.store) & AiJob.cancel_requested_at.is_null()
-        return self._finish(
-            job_id, SUCCEEDED, (AiJob.lifecycle_status == RUNNING) & where, values, now
+        self._finish(
+            job_id,
+            SUCCEEDED,
+            fence,
+            {'progress': 100, 'output_hash': output_hash},
+            'cancel_requested_at IS NULL',
         )
 
     def mark_failed(self, job_id, error, *, fence):
         """running → failed with the error's code, public and internal messages."""
-        now = self.store.now()
         values = {
-            AiJob.error_code: error.code,
-            AiJob.public_error_message: (error.public_message or '')[:512],
-            AiJob.internal_error_message: str(error)[:8000],
+            'error_code': error.code,
+            'public_error_message': (error.public_message or '')[:512],
+            'internal_error_message': str(error)[:8000],
         }
-        where = (AiJob.lifecycle_status == RUNNING) & fence.condition(self.store)
-        return self._finish(job_id, FAILED, where, values, now)
+        self._finish(job_id, FAILED, fence, values)
 
     def mark_cancelled(self, job_id, *, fence=None):
-        """Without a fence (the owner cancels): queued → cancelled at once; running → cancel
-        requested (the engine finishes it). With a fence (the engine): running → cancelled,
-        once a cancel was requested."""
+        """Without a fence (the owner cancels): queued → cancelled at once, running → cancel
+        requested (the engine finishes it); returns the job. With a fence (the engine or the
+        reaper): running → cancelled, once a cancel was requested."""
+        if fence is not None:
+            return self._finish(
+                job_id, CANCELLED, fence, CANCELLED_VALUES, 'cancel_requested_at IS NOT NULL'
+            )
         now = self.store.now()
         values = {
             AiJob.error_code: 'CANCELLED',
-            AiJob.public_error_message: 'The job was cancelled.',
+            AiJob.public_error_message: CANCELLED_VALUES['public_error_message'],
+            AiJob.cancel_requested_at: now,
+            AiJob.finished_at: now,
+            AiJob.lifecycle_status: CANCELLED,
+            AiJob.updated_at: now,
         }
-        if fence is not None:
-            where = (
-                (AiJob.lifecycle_status == RUNNING)
-                & fence.condition(self.store)
-                & AiJob.cancel_requested_at.is_null(False)
-            )
-            return self._finish(job_id, CANCELLED, where, values, now)
-        values.update({AiJob.cancel_requested_at: now, AiJob.finished_at: now})
-        if self._update(job_id, CANCELLED, AiJob.lifecycle_status == QUEUED, values, now):
+        if (
+            AiJob.update(values)
+            .where((AiJob.id == job_id) & (AiJob.lifecycle_status == QUEUED))
+            .execute()
+        ):
             return self.get(job_id)
         return self.request_cancel(job_id)
 
@@ -300,17 +363,22 @@ class AiJobLifecycleRepository:
         raise self._refusal(job_id, CANCELLED, job)
 
     def transition(self, job_id, to_status, *, instance_id=None, fence=None, error=None):
-        """Move a job to ``to_status`` through the named method for that edge. Nothing enters
-        ``queued`` except ``create_job``, so that target always raises."""
+        """Move a job to ``to_status`` through the named method for that edge and return it as
+        it is now. Nothing enters ``queued`` except ``create_job``, so that target always
+        raises."""
         if to_status == RUNNING:
             return self.lock_job(job_id, instance_id)
         if to_status == SUCCEEDED:
-            return self.mark_succeeded(job_id, fence=fence)
-        if to_status == FAILED:
-            return self.mark_failed(job_id, error, fence=fence)
-        if to_status == CANCELLED:
-            return self.mark_cancelled(job_id, fence=fence)
-        raise self._refusal(job_id, to_status)
+            self.mark_succeeded(job_id, fence=fence)
+        elif to_status == FAILED:
+            self.mark_failed(job_id, error, fence=fence)
+        elif to_status == CANCELLED and fence is None:
+            return self.mark_cancelled(job_id)
+        elif to_status == CANCELLED:
+            self.mark_cancelled(job_id, fence=fence)
+        else:
+            raise self._refusal(job_id, to_status)
+        return self.get(job_id)
 
     # ------------------------------------------------------------ reads
     def get(self, job_id):
@@ -360,25 +428,25 @@ class AiJobLifecycleRepository:
         return self.queue_attempts.get(queue_name, 1)
 
     # ------------------------------------------------------------ internals
-    def _attempts_left(self):
-        condition = None
-        for queue_name, attempts in self.queue_attempts.items():
-            clause = (AiJob.queue_name == queue_name) & (AiJob.attempt_no < attempts)
-            condition = clause if condition is None else (condition | clause)
-        return condition
+    @property
+    def _lock_statement(self):
+        """The lock CAS; its takeover clause depends on the queues' attempt limits."""
+        if self._lock is None:
+            attempts = ' OR '.join(
+                "(queue_name = '%s' AND attempt_no < %d)" % (name, count)
+                for name, count in sorted(self.queue_attempts.items())
+            )
+            self._lock = Statement(LOCK_JOB.replace('{attempts_left}', attempts or 'FALSE'))
+        return self._lock
 
-    def _update(self, job_id, to_status, where, values, now):
-        values = dict(values)
-        values[AiJob.lifecycle_status] = to_status
-        values[AiJob.updated_at] = now
-        return AiJob.update(values).where((AiJob.id == job_id) & where).execute() == 1
-
-    def _finish(self, job_id, to_status, where, values, now):
-        values = dict(values)
-        values.update({AiJob.finished_at: now, AiJob.lock_until: None})
-        if not self._update(job_id, to_status, where, values, now):
+    def _finish(self, job_id, to_status, fence, values, extra_condition=None):
+        """The fenced running → terminal write; nothing is read back. Raises the refusal when
+        the CAS matched nothing."""
+        fence_sql, fence_params = fence.sql(self.store)
+        statement = _finish_statement(tuple(values), fence_sql, extra_condition)
+        params = (to_status,) + tuple(values.values()) + (job_id,) + fence_params
+        if self.store.execute(statement, params).rowcount != 1:
             raise self._refusal(job_id, to_status)
-        return self.get(job_id)
 
     def _refusal(self, job_id, to_status, job=None):
         """Why a CAS toward ``to_status`` matched nothing, as the error to raise."""

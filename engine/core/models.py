@@ -9,6 +9,7 @@ import datetime
 import hashlib
 import json
 import os
+import threading
 import time
 import uuid
 
@@ -26,13 +27,31 @@ from peewee import (
 database = peewee.DatabaseProxy()
 
 
+_last_id = [0, 0]  # (milliseconds, 74-bit tail) of this process's latest id
+_id_lock = threading.Lock()
+_TAIL_BITS = 74  # a UUIDv7's 80 bits after the time, less version (4) and variant (2)
+
+
 def new_id():
-    """A time-ordered UUID (48-bit milliseconds, then 80 random bits), so ids sort by creation
-    and B-tree inserts stay at the right edge."""
-    millis = int(time.time() * 1000) & ((1 << 48) - 1)
-    raw = (millis << 80) | int.from_bytes(os.urandom(10), 'big')
-    raw = (raw & ~(0xF << 76)) | (0x7 << 76)  # version 7
-    raw = (raw & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    """A time-ordered UUID v7 (48-bit milliseconds, then 74 bits), so ids sort by creation and
+    B-tree inserts stay at the right edge. Within one millisecond a process's ids keep increasing
+    (the previous tail plus a random step), so jobs created that close still list in order."""
+    with _id_lock:
+        millis = max(int(time.time() * 1000) & ((1 << 48) - 1), _last_id[0])
+        if millis == _last_id[0]:
+            tail = _last_id[1] + int.from_bytes(os.urandom(4), 'big') + 1
+        else:
+            tail = int.from_bytes(os.urandom(9), 'big') >> (72 - _TAIL_BITS + 2)
+        if tail >> _TAIL_BITS:  # this millisecond's space is used up: take the next one
+            millis, tail = millis + 1, 0
+        _last_id[:] = [millis, tail]
+    raw = (
+        (millis << 80)
+        | (0x7 << 76)  # version 7
+        | ((tail >> 62) << 64)
+        | (0x2 << 62)  # RFC 4122 variant
+        | (tail & ((1 << 62) - 1))
+    )
     return str(uuid.UUID(int=raw))
 
 

@@ -2,6 +2,7 @@
 by compare-and-set before they are pushed to a queue, so a push happens once per claim."""
 
 from .models import OutboxEvent
+from .sql import Statement, placeholders
 from .store import IntegrityError
 
 ENQUEUE_EVENT = 'ai.job.enqueue'
@@ -13,6 +14,28 @@ PENDING, PROCESSING, PUBLISHED, FAILED, DEAD = (
     'dead',
 )
 MAX_ATTEMPTS = 3  # contracts §4.4: the third real failure makes an event dead
+
+# The hot path's statements (sql.py).
+_INSERT = (
+    'INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload, '
+    'status, attempt_count, available_at, locked_by, locked_at, created_at, updated_at) '
+    'VALUES (%s, %s, %s, %s, %s, {values}, 0, {{now}}, {claim}, {{now}}, {{now}})'
+)
+_CLAIM_SET = (
+    "UPDATE outbox_event SET status = 'processing', locked_by = %s, locked_at = {now}, "
+    'updated_at = {now} WHERE '
+)
+_DUE = "status = 'pending' AND available_at <= {now} ORDER BY id LIMIT %s"
+# MySQL updates with ORDER BY … LIMIT; SQLite (without that compile option) through the ids.
+CLAIM_BATCH = Statement(
+    _CLAIM_SET + _DUE, _CLAIM_SET + 'id IN (SELECT id FROM outbox_event WHERE ' + _DUE + ')'
+)
+SELECT_CLAIMED = Statement(
+    'SELECT id, event_type, payload, attempt_count FROM outbox_event '
+    "WHERE status = 'processing' AND locked_by = %s"
+)
+INSERT_PENDING = Statement(_INSERT.format(values="'pending'", claim='NULL, NULL'))
+INSERT_CLAIMED = Statement(_INSERT.format(values="'processing'", claim='%s, {now}'))
 
 
 class OutboxRepository:
@@ -29,26 +52,83 @@ class OutboxRepository:
         any other. A duplicate ``dedupe_key`` is an idempotent success (contracts §4.2):
         the existing event is returned."""
         assert tx is not None and self.store.in_transaction(), 'outbox writes need a transaction'
-        now = self.store.now()
+        status = PROCESSING if claimed_by else PENDING
+        values = dict(
+            event_type=event_type,
+            aggregate_type=aggregate_type,
+            aggregate_id=aggregate_id,
+            dedupe_key=dedupe_key,
+            payload=payload,
+            status=status,
+            attempt_count=0,
+            locked_by=claimed_by,
+        )
+        params = (
+            event_type,
+            aggregate_type,
+            aggregate_id,
+            dedupe_key,
+            OutboxEvent.payload.db_value(payload),
+        )
         try:
-            with self.store.atomic():  # a savepoint: a duplicate leaves the outer tx usable
-                event_id = OutboxEvent.insert(
-                    event_type=event_type,
-                    aggregate_type=aggregate_type,
-                    aggregate_id=aggregate_id,
-                    dedupe_key=dedupe_key,
-                    payload=payload,
-                    status=PROCESSING if claimed_by else PENDING,
-                    attempt_count=0,
-                    available_at=now,
-                    locked_by=claimed_by,
-                    locked_at=now if claimed_by else None,
-                    created_at=now,
-                    updated_at=now,
-                ).execute()
+            # A duplicate key fails this statement only (MySQL and SQLite keep the transaction).
+            if claimed_by:
+                cursor = self.store.execute(INSERT_CLAIMED, params + (claimed_by,))
+            else:
+                cursor = self.store.execute(INSERT_PENDING, params)
         except IntegrityError:
             return OutboxEvent.get(OutboxEvent.dedupe_key == dedupe_key)
-        return OutboxEvent.get_by_id(event_id)
+        return OutboxEvent(__no_default__=True, id=cursor.lastrowid, **values)
+
+    def claim_batch(self, claimer, limit=100):
+        """CAS up to ``limit`` due pending events → processing for ``claimer`` in one statement,
+        then read exactly those (``claimer`` is unique to this claim). Events another dispatcher
+        claimed first are simply not matched (contracts §4.3: a lost claim is skipped)."""
+        if self.store.execute(CLAIM_BATCH, (claimer, limit)).rowcount == 0:
+            return []
+        rows = self.store.execute(SELECT_CLAIMED, (claimer,)).fetchall()
+        payload = OutboxEvent.payload.python_value
+        return [
+            OutboxEvent(
+                __no_default__=True,
+                id=event_id,
+                event_type=event_type,
+                payload=payload(raw),
+                attempt_count=attempts,
+                status=PROCESSING,
+                locked_by=claimer,
+            )
+            for event_id, event_type, raw, attempts in rows
+        ]
+
+    def mark_published_batch(self, event_ids, claimer):
+        """processing → published for the events of ``claimer``'s claim, in one statement.
+        Returns how many were still claimed by it."""
+        return self._batch_update(
+            event_ids,
+            claimer,
+            "status = 'published', locked_by = NULL, locked_at = NULL, updated_at = {now}",
+        )
+
+    def release_batch(self, event_ids, claimer, delay_ms):
+        """Hand claimed events back without counting an attempt (the queue was unreachable)."""
+        return self._batch_update(
+            event_ids,
+            claimer,
+            "status = 'pending', locked_by = NULL, locked_at = NULL, updated_at = {now}, "
+            'available_at = {now_plus}',
+            (self.store.ms_param(delay_ms),),
+        )
+
+    def _batch_update(self, event_ids, claimer, assignments, params=()):
+        if not event_ids:
+            return 0
+        statement = Statement(
+            'UPDATE outbox_event SET %s WHERE id IN (%s) AND status = %%s AND locked_by = %%s'
+            % (assignments, placeholders(len(event_ids)))
+        )
+        params = params + tuple(event_ids) + (PROCESSING, claimer)
+        return self.store.execute(statement, params).rowcount
 
     def find_dispatchable(self, limit=100):
         """Pending events that are due, oldest first."""

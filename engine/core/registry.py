@@ -204,3 +204,24 @@ def _validate_descriptive_fields(d):
 
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+_VALIDATORS = {}  # id(schema) -> (schema, validator); the schema is kept so its id is not reused
+
+
+def validator_for(schema):
+    """The compiled Draft 2020-12 validator of a definition's schema, built once per schema:
+    building one costs more than validating a small document with it."""
+    entry = _VALIDATORS.get(id(schema))
+    if entry is None or entry[0] is not schema:
+        entry = (schema, jsonschema.Draft202012Validator(schema))
+        _VALIDATORS[id(schema)] = entry
+    return entry[1]
+
+
+def first_error(schema, value):
+    """The most relevant jsonschema error of ``value``, or None when it is valid."""
+    validator = validator_for(schema)
+    if validator.is_valid(value):
+        return None
+    return jsonschema.exceptions.best_match(validator.iter_errors(value))

@@ -6,8 +6,6 @@ import datetime
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
-import jsonschema
-
 from .errors import (
     IdempotencyKeyReusedError,
     InvalidInputError,
@@ -17,10 +15,12 @@ from .errors import (
     QuotaExceededError,
     TooManyJobsError,
 )
-from .lifecycle import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL
+from .lifecycle import CANCELLED, FAILED, TERMINAL
 from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
 from .outbox import ENQUEUE_EVENT
-from .store import IntegrityError, db_today
+from .registry import first_error
+from .sql import Statement
+from .store import IntegrityError
 
 OVERRIDE_FIELDS = (
     'priority',
@@ -30,6 +30,17 @@ OVERRIDE_FIELDS = (
     'outputSchemaVersion',
 )
 DEFAULT_SNAPSHOT_TTL_MS = 30 * 24 * 3600 * 1000
+INSERT_SNAPSHOT = Statement(
+    'INSERT INTO ai_job_snapshot (job_id, content, redaction_version, expires_at, created_at) '
+    'VALUES (%s, %s, 1, {now_plus}, {now})'
+)
+# Both per-user admission counts in one read: unfinished jobs, and jobs created this UTC day.
+ADMISSION_COUNTS = Statement(
+    "SELECT COALESCE(SUM(CASE WHEN lifecycle_status IN ('queued', 'running') THEN 1 END), 0), "
+    'COALESCE(SUM(CASE WHEN created_at >= {today} THEN 1 END), 0) '
+    "FROM ai_job WHERE user_id = %s AND (lifecycle_status IN ('queued', 'running') "
+    'OR created_at >= {today})'
+)
 
 
 @dataclass
@@ -125,13 +136,10 @@ class AiJobService:
             max_retry_count=definition.execution.max_retries,
             retry_of_job_id=request.retry_of_job_id,
         )
-        AiJobSnapshot.insert(
-            job_id=job_id,
-            content={'input': request.input, 'overrides': overrides},
-            redaction_version=1,
-            expires_at=self.store.now_plus_ms(self.snapshot_ttl_ms),
-            created_at=self.store.now(),
-        ).execute()
+        content = AiJobSnapshot.content.db_value({'input': request.input, 'overrides': overrides})
+        self.store.execute(
+            INSERT_SNAPSHOT, (job_id, content, self.store.ms_param(self.snapshot_ttl_ms))
+        )
         event = self.outbox.create_in_transaction(
             tx,
             event_type=ENQUEUE_EVENT,
@@ -262,8 +270,7 @@ def validate_request(definition, request):
 
 
 def _validate_input(schema, value):
-    validator = jsonschema.Draft202012Validator(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    error = first_error(schema, value)
     if error is not None:
         path = ''.join('[%d]' % p if isinstance(p, int) else '.%s' % p for p in error.absolute_path)
         raise InvalidInputError('input%s: %s' % (path, error.message), field='input' + path)
@@ -345,33 +352,16 @@ class Admission:
 
     def __call__(self, request, definition):
         self.ai.check_creatable(definition, request.overrides or {})
-        self._check_active(request.user_id)
-        self._check_daily_quota(request.user_id)
-
-    def _check_active(self, user_id):
-        if not self.max_active_per_user:
+        if not (self.max_active_per_user or self.daily_quota):
             return
-        active = (
-            AiJob.select()
-            .where((AiJob.user_id == user_id) & AiJob.lifecycle_status.in_((QUEUED, RUNNING)))
-            .count()
+        active, created_today = (
+            int(n) for n in self.store.execute(ADMISSION_COUNTS, (request.user_id,)).fetchone()
         )
-        if active >= self.max_active_per_user:
+        if self.max_active_per_user and active >= self.max_active_per_user:
             raise TooManyJobsError(
                 'user has %d unfinished jobs (limit %d)' % (active, self.max_active_per_user)
             )
-
-    def _check_daily_quota(self, user_id):
-        if not self.daily_quota:
-            return
-        created_today = (
-            AiJob.select()
-            .where(  # the database's UTC day (architecture decision 2)
-                (AiJob.user_id == user_id) & (AiJob.created_at >= db_today())
-            )
-            .count()
-        )
-        if created_today >= self.daily_quota:
+        if self.daily_quota and created_today >= self.daily_quota:  # the database's UTC day
             now = self.store.clock()
             next_day = now.replace(hour=0, minute=0, second=0, microsecond=0) + datetime.timedelta(
                 days=1

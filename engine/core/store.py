@@ -121,6 +121,7 @@ class Store:
             self.db.aijob_url = url
             database.initialize(self.db)
         self.dialect = 'sqlite' if isinstance(self.db, peewee.SqliteDatabase) else 'mysql'
+        self._insert_returns = None
 
     # -- transactions
     def atomic(self):
@@ -146,6 +147,28 @@ class Store:
         peewee's ``execute_sql`` calls this once per statement, or with ``n`` for a batch), so
         that ``statement_count()`` and the benchmark's ``statements_per_job`` stay complete."""
         STATEMENTS.add(n)
+
+    # -- plain SQL (sql.py)
+    def execute(self, statement, params=()):
+        """Send a ``sql.Statement`` on this thread's connection; returns the driver cursor."""
+        return self.db.execute_sql(statement.text(self.dialect), params)
+
+    def insert_returns(self):
+        """Can an INSERT return what it wrote (``INSERT … RETURNING``)? SQLite and MariaDB can;
+        MySQL cannot, and its callers read the row back instead."""
+        if self._insert_returns is None:
+            if self.dialect == 'sqlite':
+                self._insert_returns = True
+            else:
+                version = self.db.execute_sql('SELECT VERSION()').fetchone()[0]
+                self._insert_returns = 'mariadb' in str(version).lower()
+        return self._insert_returns
+
+    def ms_param(self, ms):
+        """The parameter of a statement's ``{now_plus}``: the clock plus ``ms`` milliseconds."""
+        if self.dialect == 'sqlite':
+            return '%+.3f seconds' % (ms / 1000.0)
+        return int(ms) * 1000
 
     def is_transient(self, exc):
         """A deadlock, lock wait timeout or busy database: the whole transaction may be retried."""

@@ -30,6 +30,7 @@ class OutboxDispatcher:
         lock_ttl_ms=60_000,
         batch_size=100,
         retry_delay_ms=1000,
+        store_connection=None,
     ):
         self.outbox = outbox
         self.queue = queue
@@ -41,61 +42,74 @@ class OutboxDispatcher:
         self.retry_delay_ms = retry_delay_ms
         self._outage_backoff_s = 0.0
         self._next_release = 0.0
+        self._claims = 0
         self.wake = threading.Event()
+        # Marks of events pushed right after their create, written in batches.
+        self.marks = PublishMarks(outbox, instance_id, store_connection)
 
     # ------------------------------------------------------------ one step, for tests
     def cycle(self):
-        """One pass of contracts §4.3. Returns how many events were published. Stops early when the
-        queue is unreachable (the rest would fail the same way)."""
-        published = 0
-        for event in self.outbox.find_dispatchable(self.batch_size):
-            if not self.outbox.mark_processing(event.id, self.instance_id):
-                continue  # another dispatcher claimed it: skip
-            outcome = self.publish_claimed(event)
-            if outcome == 'outage':
-                break
-            published += outcome == 'published'
-        return published
+        """One pass of contracts §4.3 over up to ``batch_size`` due events: one CAS claim for
+        all of them, one pipeline of pushes, one update marking them published. Returns how
+        many were published."""
+        self._claims += 1
+        claimer = '%s#%d' % (self.instance_id, self._claims)  # names exactly this claim
+        events = self.outbox.claim_batch(claimer, self.batch_size)
+        return self.publish(events, claimer) if events else 0
 
     def publish_claimed(self, event):
-        """Push an event this instance has claimed, then record the outcome: 'published',
-        'failed' (a real rejection, counted) or 'outage' (handed back, not counted)."""
-        if event.event_type != ENQUEUE_EVENT:
-            log_event(
-                'outbox.unknown_event_type',
-                logging.WARNING,
-                event_id=event.id,
-                event_type=event.event_type,
-            )
-            self.outbox.mark_published(event.id, self.instance_id)
-            return 'published'
-        try:
-            message = message_for(event.payload)
-        except (KeyError, TypeError, ValueError) as exc:
-            self.outbox.mark_failed(
-                event.id,
-                self.instance_id,
-                'DISPATCH_FAILED: bad payload (%s)' % exc.__class__.__name__,
-                self.retry_delay_ms,
-            )
-            return 'failed'
-        try:
-            self.queue.push(message)
-        except QueueUnavailableError as exc:
-            self._outage_backoff_s = min(30.0, max(0.5, self._outage_backoff_s * 2))
-            self.outbox.release(event.id, self.instance_id, int(self._outage_backoff_s * 1000))
-            log_event(
-                'queue.unavailable',
-                logging.WARNING,
-                component='dispatcher',
-                event_id=event.id,
-                retry_in_s=round(self._outage_backoff_s, 1),
-                error=str(exc),
-            )
-            return 'outage'
-        self._outage_backoff_s = 0.0
-        self.outbox.mark_published(event.id, self.instance_id)
-        return 'published'
+        """Push one event this instance claimed in its create transaction (architecture
+        decision 6) at once; its mark as published joins the next batch of marks."""
+        return self.publish([event], self.instance_id, defer_marks=True)
+
+    def publish(self, events, claimer, defer_marks=False):
+        """Push events that ``claimer`` holds and record the outcome: published; a real
+        rejection (a bad payload) counted toward dead; or, when the queue is unreachable, every
+        event handed back uncounted. Returns how many were published."""
+        published, sendable = [], []
+        for event in events:
+            if event.event_type != ENQUEUE_EVENT:
+                log_event(
+                    'outbox.unknown_event_type',
+                    logging.WARNING,
+                    event_id=event.id,
+                    event_type=event.event_type,
+                )
+                published.append(event.id)  # nothing to push: done with it
+                continue
+            try:
+                sendable.append((event.id, message_for(event.payload)))
+            except (KeyError, TypeError, ValueError) as exc:
+                reason = 'DISPATCH_FAILED: bad payload (%s)' % exc.__class__.__name__
+                self.outbox.mark_failed(event.id, claimer, reason, self.retry_delay_ms)
+        if sendable:
+            try:
+                self.queue.push_many([message for _, message in sendable])
+            except QueueUnavailableError as exc:
+                self._hand_back([event_id for event_id, _ in sendable], claimer, exc)
+                sendable = []
+            else:
+                self._outage_backoff_s = 0.0
+        published.extend(event_id for event_id, _ in sendable)
+        if defer_marks:
+            self.marks.add(published)
+        else:
+            self.outbox.mark_published_batch(published, claimer)
+        return len(published)
+
+    def _hand_back(self, event_ids, claimer, exc):
+        """The queue is down: release the claims (no attempt counted) and back off. Pushes that
+        did get through before the failure are harmless to repeat: the push is idempotent."""
+        self._outage_backoff_s = min(30.0, max(0.5, self._outage_backoff_s * 2))
+        self.outbox.release_batch(event_ids, claimer, int(self._outage_backoff_s * 1000))
+        log_event(
+            'queue.unavailable',
+            logging.WARNING,
+            component='dispatcher',
+            events=len(event_ids),
+            retry_in_s=round(self._outage_backoff_s, 1),
+            error=str(exc),
+        )
 
     def release_expired(self):
         """Release claims of dispatchers that died between claim and push (contracts §4.5)."""
@@ -114,7 +128,8 @@ class OutboxDispatcher:
                     if time.monotonic() >= self._next_release:
                         self.release_expired()
                         self._next_release = time.monotonic() + self.release_ms / 1000.0
-                    self.cycle()
+                    while self.cycle() == self.batch_size and not stop.is_set():
+                        pass  # a full batch: there may be more due right now
             except Exception:  # a store outage: log, wait, go on
                 log_event('dispatcher.cycle_failed', logging.ERROR, exc_info=True)
             wait = max(self.poll_ms / 1000.0, self._outage_backoff_s)
@@ -126,3 +141,70 @@ def message_for(payload):
     return Message.for_job(
         payload['jobId'], payload['jobType'], payload['queueName'], payload['priority']
     )
+
+
+class PublishMarks:
+    """The "published" marks of events pushed right after their create: one UPDATE for many,
+    written by a small thread at most ``interval_s`` later (or at once when ``batch_size`` are
+    waiting). Until then an event stays claimed by this instance; if the process dies first the
+    claim expires and the event is pushed again, which the idempotent push and the lock CAS make
+    harmless."""
+
+    def __init__(self, outbox, claimer, connection, interval_s=0.05, batch_size=200):
+        self.outbox = outbox
+        self.claimer = claimer
+        self.connection = connection
+        self.interval_s = interval_s
+        self.batch_size = batch_size
+        self._pending = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+        self._closed = False
+
+    def add(self, event_ids):
+        if not event_ids:
+            return
+        with self._lock:
+            self._pending.extend(event_ids)
+            full = len(self._pending) >= self.batch_size
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name='publish-marks', daemon=True)
+                self._thread.start()
+        if full:
+            self._wake.set()
+
+    def flush(self):
+        """Write every pending mark now (on this thread's connection); returns how many."""
+        with self._lock:
+            ids, self._pending = self._pending, []
+        for start in range(0, len(ids), self.batch_size):
+            try:
+                self.outbox.mark_published_batch(ids[start : start + self.batch_size], self.claimer)
+            except Exception:
+                with self._lock:  # keep what was not written for the next flush
+                    self._pending[:0] = ids[start:]
+                raise
+        return len(ids)
+
+    def close(self):
+        """Stop the thread after a last flush."""
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        elif self._pending:
+            with self.connection():
+                self.flush()
+
+    def _run(self):
+        while True:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            try:
+                with self.connection():
+                    self.flush()
+            except Exception:  # a store outage: the claims stay, and expire if it lasts
+                log_event('outbox.publish_marks_failed', logging.ERROR, exc_info=True)
+            if self._closed and not self._pending:
+                return

@@ -93,6 +93,12 @@ class Queue:
         whether it pushed."""
         raise NotImplementedError
 
+    def push_many(self, messages):
+        """``push`` of several messages, in one round trip where the backend can. Returns one
+        bool per message. If it raises, any prefix of the messages may have been pushed: callers
+        hand every one back, and the idempotent push makes the second push of those harmless."""
+        return [self.push(message) for message in messages]
+
     def pop(self, queue_name, consumer_id, timeout_s):
         """Move the most urgent message into the consumer's processing list and return its
         Delivery, waiting up to ``timeout_s``; None if nothing came."""

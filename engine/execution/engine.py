@@ -12,8 +12,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import jsonschema
-
 from ..core.errors import (
     AiJobError,
     IllegalTransitionError,
@@ -26,9 +24,10 @@ from ..core.errors import (
     OutputValidationError,
     UnknownJobTypeError,
 )
-from ..core.lifecycle import Fence
+from ..core.lifecycle import CANCELLED, FAILED, SUCCEEDED, Fence
 from ..core.logs import log_event
 from ..core.models import AiJob, canonical_hash
+from ..core.registry import first_error
 from .providers import CallContext, ProviderRequest, Usage
 from .usage import record_usage
 
@@ -44,6 +43,8 @@ class Attempt:
     job: AiJob
     definition: object
     fence: Fence
+    snapshot: dict = None  # the job's frozen {"input", "overrides"}, read with the lock
+    retries_used: int = 0  # provider calls retried so far, this attempt's and earlier ones'
     cancel_event: threading.Event = field(default_factory=threading.Event)
     abandoned: bool = False
     started: float = field(default_factory=time.monotonic)
@@ -88,14 +89,17 @@ class ExecutionEngine:
         the terminal status it reached, or None when there was nothing for this worker to do
         (locked elsewhere, already terminal, lock lost, worker stopping)."""
         try:
-            job = self.lifecycle.lock_job(job_id, self.instance_id, self.lock_ttl_ms)
+            job, snapshot = self.lifecycle.lock_job_with_snapshot(
+                job_id, self.instance_id, self.lock_ttl_ms
+            )
         except (JobNotFoundError, JobLockConflictError, IllegalTransitionError):
             return None  # gone, running elsewhere, or already finished
         try:
             definition = self.registry.get(job.job_type)
         except UnknownJobTypeError:
             definition = None
-        attempt = Attempt(job, definition, Fence(self.instance_id, job.attempt_no))
+        attempt = Attempt(job, definition, Fence(self.instance_id, job.attempt_no), snapshot)
+        attempt.retries_used = job.retry_count
         with self._held_lock:
             self.held[job_id] = attempt
         try:
@@ -133,45 +137,48 @@ class ExecutionEngine:
 
     # ------------------------------------------------------------ RESOLVE
     def _resolve(self, a):
-        snapshot = self.service.snapshot(a.job.id)
+        if a.snapshot is None:
+            raise MisconfiguredJobError(
+                'job %s has no input snapshot' % a.job.id, code='INTERNAL_SNAPSHOT_MISSING'
+            )
         credential = self.ai.credentials.resolve(a.job)
         provider, model = self.ai.gateway.route(a.definition, a.job)
         projector = self.ai.projectors.for_definition(a.definition)
-        return Resolved(snapshot['input'], credential, provider, model, projector)
+        return Resolved(a.snapshot['input'], credential, provider, model, projector)
 
     # ------------------------------------------------------------ EXECUTE, with retries
     def _run_attempts(self, a, resolved):
         if a.definition.security.content_safety_check:
             self.ai.safety.check(resolved.input, 'input')  # once: the input cannot change
-        retries_used = a.job.retry_count
+        a.retries_used = a.job.retry_count
         internal_retries = 0
         fresh_lock = True  # the lock's own row just said: no cancel requested
         while True:
             self._check_cancel(a, read_store=not fresh_lock)
             fresh_lock = False
             try:
-                output, usage, latency_ms = self._call(a, resolved, retries_used + 1)
-                return self._project(a, resolved, output, usage, latency_ms, retries_used + 1)
+                output, usage, latency_ms = self._call(a, resolved, a.retries_used + 1)
+                return self._project(a, resolved, output, usage, latency_ms, a.retries_used + 1)
             except JobCancelledError:
                 raise
             except JobFailure as failure:
                 abort_strategy = a.definition.execution.abort_strategy
                 if (
                     not failure.may_retry(abort_strategy, internal_retries)
-                    or retries_used >= a.job.max_retry_count
+                    or a.retries_used >= a.job.max_retry_count
                 ):
                     return self._fail(a, failure)
-                delay_s = a.definition.execution.retry_backoff.delay_ms(retries_used + 1) / 1000.0
+                delay_s = a.definition.execution.retry_backoff.delay_ms(a.retries_used + 1) / 1000.0
                 delay_s = max(delay_s, failure.retry_after_s or 0)
                 log_event(
                     'job.retry_scheduled',
                     job_id=a.job.id,
-                    call=retries_used + 1,
+                    call=a.retries_used + 1,
                     error_code=failure.code,
                     delay_s=round(delay_s, 2),
                 )
                 self._wait(a, delay_s)
-                retries_used += 1
+                a.retries_used += 1
                 internal_retries += isinstance(failure, InternalJobError)
                 self.lifecycle.count_retry(a.job.id, a.fence)
 
@@ -244,13 +251,14 @@ class ExecutionEngine:
         output_hash = canonical_hash(output)
 
         def work(tx):
+            # The fenced write first: once it matched, this is the job's only projection, and a
+            # refusal (lock lost, cancel requested) costs no projector work.
+            self.lifecycle.mark_succeeded(a.job.id, fence=a.fence, output_hash=output_hash)
             resolved.projector.project(tx, a.job, output)
-            job = self.lifecycle.mark_succeeded(a.job.id, fence=a.fence, output_hash=output_hash)
             self._log_usage(a, resolved, call_no, usage, latency_ms, None)
-            return job
 
         try:
-            job = self.store.run_in_transaction(work)
+            self.store.run_in_transaction(work)
         except JobCancelledError:  # a cancel request beat the success write: rolled back
             self._log_usage(a, resolved, call_no, usage, latency_ms, None)
             raise
@@ -261,29 +269,29 @@ class ExecutionEngine:
             raise InternalJobError(
                 'projection failed: %s' % exc.__class__.__name__, code='INTERNAL_PROJECTION_FAILED'
             ) from exc
-        return self._complete(a, job)
+        return self._complete(a, SUCCEEDED, None)
 
     # ------------------------------------------------------------ COMPLETE
     def _fail(self, a, failure):
-        job = self.lifecycle.mark_failed(a.job.id, failure, fence=a.fence)
-        return self._complete(a, job)
+        self.lifecycle.mark_failed(a.job.id, failure, fence=a.fence)
+        return self._complete(a, FAILED, failure.code)
 
     def _finish_cancelled(self, a):
-        job = self.lifecycle.mark_cancelled(a.job.id, fence=a.fence)
-        return self._complete(a, job)
+        self.lifecycle.mark_cancelled(a.job.id, fence=a.fence)
+        return self._complete(a, CANCELLED, 'CANCELLED')
 
-    def _complete(self, a, job):
+    def _complete(self, a, status, error_code):
         log_event(
             'job.finished',
-            job_id=job.id,
-            job_type=job.job_type,
-            status=job.lifecycle_status,
-            error_code=job.error_code,
-            attempt=job.attempt_no,
-            retries=job.retry_count,
+            job_id=a.job.id,
+            job_type=a.job.job_type,
+            status=status,
+            error_code=error_code,
+            attempt=a.job.attempt_no,
+            retries=a.retries_used,
             run_ms=_ms_since(a.started),
         )
-        return job.lifecycle_status
+        return status
 
     def _log_usage(self, a, resolved, call_no, usage, latency_ms, error_code):
         usage = usage or Usage()
@@ -314,9 +322,7 @@ def validate_output(definition, output):
     schema = definition.output.validator
     if schema is None:
         return
-    error = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(schema).iter_errors(output)
-    )
+    error = first_error(schema, output)
     if error is not None:
         path = '/'.join(str(p) for p in error.absolute_path) or '(root)'
         raise OutputValidationError('output invalid at %s: %s' % (path, error.validator))

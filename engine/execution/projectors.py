@@ -2,11 +2,13 @@
 in the same transaction that marks the job succeeded. The built-in projector keeps the whole output
 as one JSON artifact."""
 
+import hashlib
+import uuid
 from dataclasses import dataclass, field
 
 from ..core.errors import MisconfiguredJobError
-from ..core.models import AiArtifact, AiJobArtifact, canonical_hash, new_id
-from ..core.store import db_now
+from ..core.models import AiArtifact, canonical_hash
+from ..core.sql import Statement, execute
 
 
 @dataclass(frozen=True)
@@ -31,43 +33,60 @@ class ResultProjector:
         raise NotImplementedError
 
 
+# Both inserts are idempotent (contracts §6.3): an artifact's id is derived from its job, type and
+# ordinal, so projecting the same job again finds the same keys and writes nothing new.
+_ON_DUPLICATE = {'mysql': ' ON DUPLICATE KEY UPDATE id = id', 'sqlite': ' ON CONFLICT DO NOTHING'}
+_INSERT_ARTIFACT = (
+    'INSERT INTO ai_artifact (id, job_id, artifact_type, content, content_hash, created_at) '
+    'VALUES (%s, %s, %s, %s, %s, {now})'
+)
+_INSERT_LINK = (
+    'INSERT INTO ai_job_artifact (job_id, artifact_type, artifact_id, ordinal, created_at) '
+    'VALUES (%s, %s, %s, %s, {now})'
+)
+
+
+def _idempotent(insert):
+    return Statement(insert + _ON_DUPLICATE['mysql'], insert + _ON_DUPLICATE['sqlite'])
+
+
+INSERT_ARTIFACT = _idempotent(_INSERT_ARTIFACT)
+INSERT_LINK = _idempotent(_INSERT_LINK)
+
+
+def artifact_id(job_id, artifact_type, ordinal):
+    """The id of a job's artifact of ``artifact_type`` at ``ordinal``: the job id's time prefix
+    (so ids still sort by creation and insert at the B-tree's right edge), then 80 bits of a hash
+    of the three."""
+    digest = hashlib.sha256(('%s:%s:%d' % (job_id, artifact_type, ordinal)).encode()).digest()
+    prefix = uuid.UUID(job_id).int >> 80
+    raw = (prefix << 80) | int.from_bytes(digest[:10], 'big')
+    raw = (raw & ~(0xF << 76)) | (0x7 << 76)  # version 7, as new_id()
+    raw = (raw & ~(0x3 << 62)) | (0x2 << 62)
+    return str(uuid.UUID(int=raw))
+
+
 def link_artifact(tx, job, ref):
-    """Record ``ref`` in ai_job_artifact; a duplicate is an idempotent success (contracts §6.3), so
-    the insert ignores a unique conflict instead of failing the transaction."""
-    AiJobArtifact.insert(
-        job_id=job.id,
-        artifact_type=ref.artifact_type,
-        artifact_id=ref.artifact_id,
-        ordinal=ref.ordinal,
-        created_at=db_now(),
-    ).on_conflict_ignore().execute()
+    """Record ``ref`` in ai_job_artifact; a duplicate is an idempotent success (contracts §6.3)."""
+    execute(INSERT_LINK, (job.id, ref.artifact_type, ref.artifact_id, ref.ordinal))
     return ref
 
 
 def store_json_artifact(tx, job, artifact_type, content, ordinal=0):
     """Keep ``content`` as an ai_artifact row linked to the job; the same (job, type, ordinal)
-    projected twice yields the first row."""
-    existing = (
-        AiJobArtifact.select()
-        .where(
-            (AiJobArtifact.job_id == job.id)
-            & (AiJobArtifact.artifact_type == artifact_type)
-            & (AiJobArtifact.ordinal == ordinal)
-        )
-        .first()
+    projected twice keeps the first row and returns the same reference."""
+    ref = ArtifactRef(artifact_type, artifact_id(job.id, artifact_type, ordinal), ordinal)
+    execute(
+        INSERT_ARTIFACT,
+        (
+            ref.artifact_id,
+            job.id,
+            artifact_type,
+            AiArtifact.content.db_value(content),
+            canonical_hash(content),
+        ),
     )
-    if existing is not None:
-        return ArtifactRef(artifact_type, existing.artifact_id, ordinal)
-    artifact_id = new_id()
-    AiArtifact.insert(
-        id=artifact_id,
-        job_id=job.id,
-        artifact_type=artifact_type,
-        content=content,
-        content_hash=canonical_hash(content),
-        created_at=db_now(),
-    ).execute()
-    return link_artifact(tx, job, ArtifactRef(artifact_type, artifact_id, ordinal))
+    return link_artifact(tx, job, ref)
 
 
 class JsonArtifactProjector(ResultProjector):

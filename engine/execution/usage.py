@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 from peewee import fn
 
 from ..core.models import AiUsageLog
-from ..core.store import db_now
+from ..core.sql import Statement, execute
 
 COST_PLACES = Decimal('0.000001')  # ai_usage_log.cost is DECIMAL(14, 6)
 
@@ -75,25 +75,34 @@ class PriceTableCostCalculator:
 GROUPS = {'user': ('userId', AiUsageLog.user_id), 'job_type': ('jobType', AiUsageLog.job_type)}
 
 
+INSERT_USAGE = Statement(
+    'INSERT INTO ai_usage_log (job_id, user_id, job_type, attempt_no, credential_mode, provider, '
+    'model, prompt_tokens, completion_tokens, cost, latency_ms, error_code, created_at) '
+    'VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {now})'
+)
+
+
 def record_usage(job, attempt_no, provider, model, usage, cost, latency_ms, error_code=None):
     """Write the row for one provider call of ``job``; ``usage`` is a providers.Usage. Runs on
     the caller's connection, inside its transaction if it has one (the engine writes the row
     of a successful call in the PROJECT transaction)."""
-    AiUsageLog.insert(
-        job_id=job.id,
-        user_id=job.user_id,
-        job_type=job.job_type,
-        attempt_no=attempt_no,
-        credential_mode=job.credential_mode,
-        provider=provider,
-        model=model or '',
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        cost=cost,
-        latency_ms=int(latency_ms),
-        error_code=error_code,
-        created_at=db_now(),
-    ).execute()
+    execute(
+        INSERT_USAGE,
+        (
+            job.id,
+            job.user_id,
+            job.job_type,
+            attempt_no,
+            job.credential_mode,
+            provider,
+            model or '',
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            AiUsageLog.cost.db_value(cost),
+            int(latency_ms),
+            error_code,
+        ),
+    )
 
 
 def usage_totals(since, until, group_by='user'):

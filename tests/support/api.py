@@ -80,7 +80,8 @@ def run_to_failed(runtime, job_id, internal='provider said 500 at https://intern
     error = InternalJobError(
         internal, code='PROVIDER_UNAVAILABLE', public_message='The AI provider is unavailable.'
     )
-    return runtime.lifecycle.mark_failed(job_id, error, fence=fence)
+    runtime.lifecycle.mark_failed(job_id, error, fence=fence)
+    return runtime.lifecycle.get(job_id)
 
 
 # ---------------------------------------------------------------- with the engine running

@@ -1,0 +1,63 @@
+"""Plain SQL for the hot path: the statements every job runs, written once per dialect.
+
+peewee builds a query in tens of microseconds and re-reads rows it could have returned; for the
+few statements each job runs (create, lock, progress, finish, publish) that cost more than the
+database did. A ``Statement`` is the text for MySQL/MariaDB and SQLite, made once at import;
+``Store.execute`` sends it on the store's connection (so transactions and statement counting are
+peewee's). Everything else stays peewee.
+
+In the text, ``%s`` marks a parameter, ``{now}`` is the database clock (architecture decision 2),
+``{now_plus}`` the clock plus a parameter made by ``Store.ms_param`` and ``{today}`` the start of
+the clock's UTC day.
+"""
+
+import peewee
+
+from .models import AiJob, database
+
+_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+_CLOCK = {
+    'mysql': {
+        'now': 'UTC_TIMESTAMP(6)',
+        'now_plus': '(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)',
+        'today': 'UTC_DATE()',
+    },
+    'sqlite': {
+        'now': _SQLITE_NOW,
+        'now_plus': "strftime('%Y-%m-%d %H:%M:%f', 'now', ?)",
+        'today': "date('now')",
+    },
+}
+
+
+class Statement:
+    """One statement's text per dialect (``sqlite`` only where SQLite needs other words)."""
+
+    def __init__(self, mysql, sqlite=None):
+        self.mysql = mysql.format(**_CLOCK['mysql'])
+        # The placeholders change before the clock goes in: SQLite's clock has '%' of its own.
+        self.sqlite = (sqlite or mysql).replace('%s', '?').format(**_CLOCK['sqlite'])
+
+    def text(self, dialect):
+        return self.sqlite if dialect == 'sqlite' else self.mysql
+
+
+def execute(statement, params=()):
+    """Send ``statement`` on the bound database (the one the models use), in this thread's
+    connection and transaction; returns the driver cursor."""
+    db = database.obj
+    dialect = 'sqlite' if isinstance(db, peewee.SqliteDatabase) else 'mysql'
+    return db.execute_sql(statement.text(dialect), params)
+
+
+def placeholders(count):
+    return ', '.join(['%s'] * count)
+
+
+def job_from_row(columns, row):
+    """An AiJob from selected ``columns`` and a driver ``row``, converted as peewee would
+    (SQLite returns times as text)."""
+    fields = AiJob._meta.fields
+    pairs = zip(columns, row, strict=True)
+    values = {name: fields[name].python_value(value) for name, value in pairs}
+    return AiJob(__no_default__=True, **values)
