@@ -90,10 +90,28 @@ INSERT_JOB = Statement(_INSERT_JOB)
 INSERT_JOB_RETURNING = Statement(_INSERT_JOB + ' RETURNING created_at')
 SELECT_CREATED_AT = Statement('SELECT created_at FROM ai_job WHERE id = %s')
 
-JOB_COLUMNS = tuple(AiJob._meta.sorted_field_names)
+# What running a job needs of its row (each column read costs the driver time to describe).
+RUN_COLUMNS = (
+    'id',
+    'lifecycle_status',
+    'queue_name',
+    'priority',
+    'user_id',
+    'job_type',
+    'target_type',
+    'target_id',
+    'credential_mode',
+    'credential_id',
+    'prompt_version',
+    'output_schema_version',
+    'attempt_no',
+    'retry_count',
+    'max_retry_count',
+    'locked_by',
+)
 SELECT_JOB_AND_SNAPSHOT = Statement(
     'SELECT %s, s.content FROM ai_job j LEFT JOIN ai_job_snapshot s ON s.job_id = j.id '
-    'WHERE j.id = %%s' % ', '.join('j.' + name for name in JOB_COLUMNS)
+    'WHERE j.id = %%s' % ', '.join('j.' + name for name in RUN_COLUMNS)
 )
 # {attempts_left} is filled per repository from its queues' attempt limits.
 LOCK_JOB = (
@@ -231,18 +249,19 @@ class AiJobLifecycleRepository:
     # ------------------------------------------------------------ lock, heartbeat, progress
     def lock_job(self, job_id, instance_id, lock_ttl_ms=None):
         """queued → running (CAS), or take over a running job whose lock expired while its queue
-        allows another attempt. Returns the job; ``job.attempt_no`` is the new fence."""
-        return self.lock_job_with_snapshot(job_id, instance_id, lock_ttl_ms)[0]
+        allows another attempt. Returns the whole row; ``job.attempt_no`` is the new fence."""
+        self.lock_job_with_snapshot(job_id, instance_id, lock_ttl_ms)
+        return self.get(job_id)
 
     def lock_job_with_snapshot(self, job_id, instance_id, lock_ttl_ms=None):
-        """``lock_job``, plus the job's snapshot content (None if it has none), in two
-        statements: the CAS UPDATE, then one read of the job and its snapshot together."""
+        """The engine's ``lock_job``: the CAS UPDATE, then one read of what running the job
+        needs (RUN_COLUMNS) with its snapshot content (None if it has none)."""
         ttl = self.store.ms_param(lock_ttl_ms or self.lock_ttl_ms)
         cursor = self.store.execute(self._lock_statement, (instance_id, ttl, job_id))
         if cursor.rowcount != 1:
             raise self._refusal(job_id, RUNNING)
         row = self.store.execute(SELECT_JOB_AND_SNAPSHOT, (job_id,)).fetchone()
-        job = job_from_row(JOB_COLUMNS, row[:-1])
+        job = job_from_row(RUN_COLUMNS, row[:-1])
         return job, AiJobSnapshot.content.python_value(row[-1])
 
     def extend_lock(self, job_id, fence, lock_ttl_ms=None):
