@@ -11,10 +11,10 @@ import pytest
 from engine.core.models import AiJob, AiJobSnapshot, ApiToken, OutboxEvent
 from engine.core.registry import JobDefinitionRegistry
 from engine.http.app import create_app
-from engine.http.auth import TokenStore
+from engine.http.auth import TOKEN_CACHE_S, TokenStore
 from engine.jobtypes.synthetic import SYNTHETIC_JOB_DEFINITION, synthetic_definition
 from tests.support.api import ADMIN_JOBS, JOBS, Harness, job_body, run_to_failed, run_to_running
-from tests.support.helpers import run_threads
+from tests.support.helpers import run_threads, wait_until
 from tests.support.wsgi import WsgiClient
 
 
@@ -205,6 +205,18 @@ def test_a_revoked_token_is_401(api):
     assert TokenStore(api.runtime.store).revoke(api.tokens['a'])
     response = api.a.post(JOBS, job_body())
     assert response.status == 401 and response.error_code == 'UNAUTHORIZED'
+
+
+def test_a_token_revoked_while_in_use_stops_working_within_a_second(api):
+    job_id = api.create()
+    assert api.a.get(JOBS + '/' + job_id).status == 200  # the token is now cached
+    assert TokenStore(api.runtime.store).revoke(api.tokens['a'])
+    # Within the cache's lifetime (under a second), with a margin for a slow machine.
+    wait_until(
+        lambda: api.a.get(JOBS + '/' + job_id).status == 401,
+        timeout=TOKEN_CACHE_S + 1,
+        interval=0.05,
+    )
 
 
 def test_only_the_token_hash_is_stored(api):

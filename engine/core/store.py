@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlsplit
 
 import peewee
 from playhouse.pool import PooledMySQLDatabase
+from pymysql.constants import SERVER_STATUS
 
 from .errors import ConfigError, StoreUnavailableError
 from .models import MODELS, database
@@ -67,7 +68,40 @@ class _CountingMixin:
 
 
 class _MySQL(_CountingMixin, PooledMySQLDatabase):
-    pass
+    """peewee's pool without two round trips per checkout: it pings every connection it hands
+    out, and rolls back every one handed back (pymysql does not tell it whether a transaction
+    is open). Here a connection that came back less than PING_AFTER_S ago goes out unpinged (a
+    dead one fails its first statement, and is dropped when it comes back), and one is rolled
+    back only when the server said a transaction is still open."""
+
+    PING_AFTER_S = 5.0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._returned_at = {}  # conn_key -> monotonic time it came back to the pool
+
+    def _is_closed(self, conn):
+        if not conn.open:
+            return True
+        returned = self._returned_at.get(self.conn_key(conn))
+        if returned is not None and time.monotonic() - returned < self.PING_AFTER_S:
+            return False
+        return super()._is_closed(conn)
+
+    def _can_reuse(self, conn):
+        if not conn.open:
+            return False
+        if conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS:
+            try:
+                conn.rollback()
+            except Exception:
+                return False
+        self._returned_at[self.conn_key(conn)] = time.monotonic()
+        return True
+
+    def _close_raw(self, conn):
+        self._returned_at.pop(self.conn_key(conn), None)
+        super()._close_raw(conn)
 
 
 class _SQLite(_CountingMixin, peewee.SqliteDatabase):

@@ -270,14 +270,17 @@ class Api:
         return principal
 
     def visible_job(self, job_id, principal, admin_sees_all=True):
-        """The job if ``principal`` may see it; otherwise JOB_NOT_FOUND, never 403, so that job
-        ids of other users cannot even be confirmed."""
-        job = views.find_for_status(job_id)
+        return self.visible_status(job_id, principal, admin_sees_all)[0]
+
+    def visible_status(self, job_id, principal, admin_sees_all=True):
+        """(job, artifact references) if ``principal`` may see the job; otherwise JOB_NOT_FOUND,
+        never 403, so that job ids of other users cannot even be confirmed."""
+        job, refs = views.find_for_status(job_id)
         if job is None or not (
             job.user_id == principal.user_id or (admin_sees_all and principal.is_admin)
         ):
             raise JobNotFoundError(job_id)
-        return job
+        return job, refs
 
     # -- user endpoints
     def create_job(self):
@@ -306,8 +309,7 @@ class Api:
     def get_job(self, job_id):
         principal = self.caller()
         wait_ms, known = _wait_ms(), _if_none_match()
-        job = self.visible_job(job_id, principal)
-        body, etag = self.status_with_etag(job)
+        body, etag = self.status_with_etag(*self.visible_status(job_id, principal))
         if wait_ms:
             body, etag = self.wait_for_change(job_id, body, etag, known, wait_ms)
         if etag in known:
@@ -326,15 +328,17 @@ class Api:
             if remaining <= 0:
                 break
             time.sleep(min(self.wait_poll_s, remaining))
-            body, etag = self.status_with_etag(views.find_for_status(job_id))
+            body, etag = self.status_with_etag(*views.find_for_status(job_id))
         return body, etag
 
-    def status_body(self, job):
-        refs = views.artifact_refs([job.id])[job.id] if job.lifecycle_status == 'succeeded' else ()
-        return views.job_status(job, refs)
+    def status_body(self, job, refs=None):
+        """JobStatusResponse; ``refs`` when the caller read them with the job already."""
+        if refs is None and job.lifecycle_status == 'succeeded':
+            refs = views.artifact_refs([job.id])[job.id]
+        return views.job_status(job, refs or ())
 
-    def status_with_etag(self, job):
-        body = self.status_body(job)
+    def status_with_etag(self, job, refs):
+        body = self.status_body(job, refs)
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode('utf-8')).hexdigest()
         return body, '"%s"' % digest[:32]
 

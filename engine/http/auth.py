@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import time
 from dataclasses import dataclass
 
 from ..core.models import ApiToken
@@ -45,9 +46,17 @@ def bearer_token(authorization_header):
     return token
 
 
+# How long a process trusts a token it has looked up: a revocation takes effect within this.
+TOKEN_CACHE_S = 0.9
+TOKEN_CACHE_SIZE = 10_000
+
+
 class TokenStore:
     def __init__(self, store):
         self.store = store
+        # sha256 -> (Principal, monotonic expiry): a client polling a job costs one read per
+        # second for its token instead of one per request. Only live tokens are kept.
+        self._cache = {}
 
     def create(self, user_id, admin=False):
         """Issue a token for ``user_id``; returns the token (the only time it exists in clear)."""
@@ -67,14 +76,23 @@ class TokenStore:
         if token is None or not TOKEN_PATTERN.match(token):
             return None
         digest = hash_token(token)
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[1] > now:
+            return cached[0]
         row = ApiToken.get_or_none(ApiToken.token_hash == digest)
         if (
             row is None
             or row.revoked_at is not None
             or not hmac.compare_digest(row.token_hash, digest)
         ):
+            self._cache.pop(digest, None)
             return None
-        return Principal(row.user_id, row.role)
+        if len(self._cache) >= TOKEN_CACHE_SIZE:
+            self._cache.clear()  # many distinct tokens: start over rather than grow
+        principal = Principal(row.user_id, row.role)
+        self._cache[digest] = (principal, now + TOKEN_CACHE_S)
+        return principal
 
     def revoke(self, token):
         """Revoke one token; False if it was unknown or already revoked."""

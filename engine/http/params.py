@@ -1,10 +1,20 @@
 """The admin job list (contracts §7.1 ``GET /admin-api/ai/jobs``): filters, bounded pages and an
-opaque cursor. Job ids are time-ordered (store.new_id), so the list is newest first by id and the
-cursor is simply the last id seen — keyset paging that stays fast however deep the client pages."""
+opaque cursor.
+
+The list is newest first by (created_at, id), and the cursor is the last item's (created_at, id):
+keyset paging, so a deep page costs what the first does. Every index a filter can use is
+(column, created_at), and InnoDB appends the primary key (id) to each secondary index, so one
+equality filter plus the created-at range plus the cursor is one index range read in the list's
+own order, LIMIT rows long, with no sort — whatever the table's size (ai_job_created_at when there
+is no equality filter). Several lifecycle statuses are one such read per status, merged here: an
+IN list over an index cannot come out in created-at order, and sorting every matching row would
+grow with the table. Cursors of the first version (``v1``: the last id only) still work: the
+id's created_at is read back once."""
 
 import base64
 import binascii
 import datetime
+import heapq
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -38,7 +48,7 @@ class JobQuery:
     created_from: Optional[datetime.datetime] = None  # inclusive, naive UTC
     created_to: Optional[datetime.datetime] = None  # exclusive, naive UTC
     limit: int = DEFAULT_PAGE_SIZE
-    after_id: Optional[str] = None  # from the cursor
+    after: Optional[tuple] = None  # from the cursor: (created_at or None for a v1 cursor, id)
 
 
 def parse_query(params):
@@ -62,27 +72,49 @@ def parse_query(params):
         created_from=parse_time(params.get('createdFrom'), 'createdFrom'),
         created_to=parse_time(params.get('createdTo'), 'createdTo'),
         limit=_limit(params.get('limit')),
-        after_id=decode_cursor(params.get('cursor')),
+        after=decode_cursor(params.get('cursor')),
     )
 
 
 def list_jobs(query):
     """(jobs, next_cursor): one page, newest first; next_cursor is None on the last page."""
-    select = AiJob.select()
-    for condition in _conditions(query):
-        select = select.where(condition)
-    jobs = list(select.order_by(AiJob.id.desc()).limit(query.limit + 1))
+    after = query.after
+    if after is not None and after[0] is None:  # a v1 cursor: its job's created_at
+        row = AiJob.select(AiJob.created_at).where(AiJob.id == after[1]).first()
+        if row is None:
+            raise InvalidRequestError('cursor is not one this API returned', field='cursor')
+        after = (row.created_at, after[1])
+    conditions = list(_conditions(query, after))
+    if len(query.statuses) <= 1:
+        jobs = _page(conditions + _status_is(query.statuses), query.limit + 1)
+    else:  # one ordered read per status, merged
+        pages = [_page(conditions + _status_is((s,)), query.limit + 1) for s in query.statuses]
+        merged = heapq.merge(*pages, key=_sort_key, reverse=True)
+        jobs = [job for job, _ in zip(merged, range(query.limit + 1), strict=False)]
     if len(jobs) <= query.limit:
         return jobs, None
     jobs = jobs[: query.limit]
-    return jobs, encode_cursor(jobs[-1].id)
+    return jobs, cursor_for(jobs[-1])
 
 
-def _conditions(query):
+def _page(conditions, limit):
+    select = AiJob.select()
+    for condition in conditions:
+        select = select.where(condition)
+    return list(select.order_by(AiJob.created_at.desc(), AiJob.id.desc()).limit(limit))
+
+
+def _sort_key(job):
+    return (job.created_at, job.id)
+
+
+def _status_is(statuses):
+    return [AiJob.lifecycle_status == statuses[0]] if statuses else []
+
+
+def _conditions(query, after):
     if query.job_type:
         yield AiJob.job_type == query.job_type
-    if query.statuses:
-        yield AiJob.lifecycle_status.in_(list(query.statuses))
     if query.queue_name:
         yield AiJob.queue_name == query.queue_name
     if query.user_id:
@@ -91,8 +123,11 @@ def _conditions(query):
         yield AiJob.created_at >= query.created_from
     if query.created_to:
         yield AiJob.created_at < query.created_to
-    if query.after_id:
-        yield AiJob.id < query.after_id
+    if after is not None:
+        created_at, job_id = after
+        # the bound alone is an index range; the OR only settles ties of one created_at
+        yield AiJob.created_at <= created_at
+        yield (AiJob.created_at < created_at) | (AiJob.id < job_id)
 
 
 def _statuses(raw):
@@ -138,18 +173,34 @@ def _limit(raw):
     return int(raw)
 
 
-def encode_cursor(job_id):
-    return base64.urlsafe_b64encode(('v1:' + job_id).encode('ascii')).decode('ascii').rstrip('=')
+def cursor_for(job):
+    """The cursor of the page after ``job`` (a row with created_at and id)."""
+    return encode_cursor(job.created_at, job.id)
+
+
+def encode_cursor(created_at, job_id):
+    text = 'v2:%s|%s' % (created_at.isoformat(timespec='microseconds'), job_id)
+    return base64.urlsafe_b64encode(text.encode('ascii')).decode('ascii').rstrip('=')
 
 
 def decode_cursor(raw):
+    """(created_at, job id) from a cursor; created_at is None for a v1 cursor (the id only)."""
     if not raw:
         return None
     try:
         text = base64.urlsafe_b64decode(raw + '=' * (-len(raw) % 4)).decode('ascii')
     except (binascii.Error, ValueError):
         text = ''
-    version, _, job_id = text.partition(':')
-    if version != 'v1' or not _JOB_ID.match(job_id):
+    version, _, rest = text.partition(':')
+    created_at, job_id = None, rest
+    if version == 'v2':
+        stamp, _, job_id = rest.partition('|')
+        try:
+            created_at = datetime.datetime.fromisoformat(stamp)
+        except ValueError:
+            version = None
+        if created_at is not None and created_at.tzinfo is not None:
+            version = None
+    if version not in ('v1', 'v2') or not _JOB_ID.match(job_id):
         raise InvalidRequestError('cursor is not one this API returned', field='cursor')
-    return job_id
+    return created_at, job_id

@@ -1,10 +1,13 @@
 """The JSON shapes the API returns (contracts §7.2), built from store rows; camelCase, UTC ISO-8601
 times, optional fields left out rather than null. No HTTP here."""
 
+from typing import NamedTuple
+
 from peewee import JOIN
 
 from ..core.lifecycle import SUCCEEDED
 from ..core.models import AiArtifact, AiJob, AiJobArtifact
+from ..core.sql import Statement, execute, job_from_row
 
 # What JobStatusResponse and the ownership check read: status polling is the hot path, and
 # building fewer columns into the row costs measurably less than the whole row.
@@ -24,9 +27,28 @@ STATUS_COLUMNS = (
 )
 
 
+# The job and its artifact references in one round trip (links exist only for a succeeded job).
+SELECT_STATUS = Statement(
+    'SELECT %s, a.artifact_type, a.artifact_id FROM ai_job j '
+    'LEFT JOIN ai_job_artifact a ON a.job_id = j.id '
+    'WHERE j.id = %%s ORDER BY a.ordinal, a.id' % ', '.join('j.' + c.name for c in STATUS_COLUMNS)
+)
+_STATUS_NAMES = tuple(c.name for c in STATUS_COLUMNS)
+
+
+class ArtifactLink(NamedTuple):
+    artifact_type: str
+    artifact_id: str
+
+
 def find_for_status(job_id):
-    """The job with STATUS_COLUMNS only, or None."""
-    return AiJob.select(*STATUS_COLUMNS).where(AiJob.id == job_id).first()
+    """(job with STATUS_COLUMNS only, its artifact references in ordinal order), or (None, ())."""
+    rows = execute(SELECT_STATUS, (job_id,)).fetchall()
+    if not rows:
+        return None, ()
+    job = job_from_row(_STATUS_NAMES, rows[0][: len(_STATUS_NAMES)])
+    refs = tuple(ArtifactLink(row[-2], row[-1]) for row in rows if row[-1] is not None)
+    return job, refs
 
 
 def iso(value):
