@@ -3,9 +3,10 @@ off."""
 
 import threading
 
+from engine.core.errors import QueueUnavailableError
 from engine.core.models import AiJob, AiUsageLog, OutboxEvent
 from engine.core.outbox import PENDING, PUBLISHED
-from engine.dispatch.dispatcher import OutboxDispatcher
+from engine.dispatch.dispatcher import OutboxDispatcher, PublishMarks
 from engine.dispatch.redis_queue import RedisQueue
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import wait_terminal
@@ -117,3 +118,56 @@ def test_immediate_dispatch_starts_a_job_without_waiting_for_a_poll(engine_rt):
     wait_until(lambda: AiJob.get_by_id(job.id).lifecycle_status == 'succeeded', timeout=5)
     # The event was pushed at once; its mark as published follows in the next batch of marks.
     wait_until(lambda: OutboxEvent.get(OutboxEvent.aggregate_id == job.id).status == PUBLISHED)
+
+
+class HalfwayOutage:
+    """A real queue that goes down half-way through a batch: the first half of the messages
+    reach it, then the push fails as a dropped Redis connection would."""
+
+    def __init__(self, queue):
+        self.queue = queue
+
+    def push_many(self, messages):
+        for message in messages[: len(messages) // 2]:
+            self.queue.push(message)
+        raise QueueUnavailableError('connection lost mid-batch')
+
+
+def test_a_batch_whose_push_fails_half_way_loses_no_event_and_runs_each_job_once(engine_rt):
+    jobs = pending_jobs(engine_rt, 20)
+    broken = OutboxDispatcher(engine_rt.outbox, HalfwayOutage(engine_rt.queue), 'dispatcher-x')
+    assert broken.cycle() == 0
+    statuses = {e.status for e in OutboxEvent.select(OutboxEvent.status)}
+    assert statuses == {PENDING}  # all handed back, none counted as an attempt
+    assert engine_rt.queue.depth('ai-interactive') == 10  # the half that got through
+    OutboxEvent.update(available_at=OutboxEvent.created_at).execute()
+    assert engine_rt.dispatcher.cycle() == 20  # the rest, and the first half again: harmless
+    assert engine_rt.queue.depth('ai-interactive') == 20  # the push is idempotent per job
+    engine_rt.start_background()
+    for job in jobs:
+        wait_terminal(engine_rt, job.id)
+    assert AiJob.select().where(AiJob.attempt_no != 1).count() == 0  # each ran once
+
+
+def test_the_published_marks_of_eager_pushes_are_written_in_one_statement(engine_rt):
+    marks = PublishMarks(engine_rt.outbox, 'claimer-1', engine_rt.store.connection, interval_s=60)
+    ids = []
+    with engine_rt.store.atomic() as tx:
+        for i in range(30):
+            event = engine_rt.outbox.create_in_transaction(
+                tx,
+                event_type='ai.job.enqueue',
+                aggregate_type='AiJob',
+                aggregate_id='job-%d' % i,
+                dedupe_key='marks:%d' % i,
+                payload={},
+                claimed_by='claimer-1',
+            )
+            ids.append(event.id)
+    marks.add(ids)  # as each eager push succeeds
+    assert OutboxEvent.select().where(OutboxEvent.status == PUBLISHED).count() == 0
+    before = engine_rt.store.statement_count()
+    assert marks.flush() == 30
+    assert engine_rt.store.statement_count() - before == 1  # one UPDATE for the 30
+    assert OutboxEvent.select().where(OutboxEvent.status == PUBLISHED).count() == 30
+    marks.close()
