@@ -161,6 +161,53 @@ def test_malformed_json_is_400_invalid_json(api, raw):
     assert response.status == 400 and response.error_code == 'INVALID_JSON'
 
 
+@pytest.mark.parametrize(
+    'raw',
+    [
+        b'{"jobType": "synthetic", "targetType": "\\ud800", "targetId": "n", "input": {}}',
+        b'{"jobType": "synthetic", "targetType": "t", "targetId": "n", "input": {"\\udfff": 1}}',
+        b'{"jobType": "synthetic", "targetType": "t", "targetId": "n", "input": ["\\ud83d"]}',
+    ],
+)
+def test_a_lone_surrogate_anywhere_is_400_and_writes_nothing(api, raw):
+    response = api.a.post(JOBS, body=raw, content_type='application/json')
+    assert response.status == 400 and response.error_code == 'INVALID_JSON'
+    assert AiJob.select().count() == 0
+
+
+@pytest.mark.parametrize('depth', [65, 1000, 5000])
+def test_nesting_past_the_limit_is_400_saying_so(api, depth):
+    nested = '[' * depth + ']' * depth
+    raw = '{"jobType": "synthetic", "targetType": "t", "targetId": "n", "input": {"a": %s}}'
+    response = api.a.post(JOBS, body=(raw % nested).encode(), content_type='application/json')
+    assert response.status == 400 and response.error_code == 'INVALID_REQUEST'
+    assert 'nested deeper' in response.json['error']['message']
+    assert AiJob.select().count() == 0
+
+
+def test_nesting_within_the_limit_is_accepted(api):
+    nested = {'a': [[[[[[[[[[1]]]]]]]]]]}
+    assert api.a.post(JOBS, job_body(input={'output': nested})).status == 201
+
+
+def test_header_bytes_that_are_not_utf8_are_no_token_or_a_400(api):
+    raw_token = WsgiClient(api.app, 'aj_' + 'x' * 20 + '\xff', api.check)
+    response = raw_token.get(JOBS + '/x')
+    assert response.status == 401 and response.error_code == 'UNAUTHORIZED'
+    keyed = api.a.post(JOBS, job_body(), headers={'Idempotency-Key': 'key-\xff'})
+    assert keyed.status == 400 and keyed.json['error']['field'] == 'idempotencyKey'
+    utf8 = 'clé'.encode('utf-8').decode('latin-1')  # how WSGI hands over UTF-8 header bytes
+    assert api.a.post(JOBS, job_body(), headers={'Idempotency-Key': utf8}).status == 201
+    assert AiJob.select().count() == 1
+
+
+@pytest.mark.parametrize('wait', ['²', '①', '-1', '1.5', ' 1'])
+def test_a_wait_that_is_not_ascii_digits_is_400(api, wait):
+    job_id = api.create()
+    response = api.a.get(JOBS + '/' + job_id, query={'waitMs': wait})
+    assert response.status == 400 and response.json['error']['field'] == 'waitMs'
+
+
 def test_a_body_over_the_limit_is_413(make_runtime):
     runtime = make_runtime(AIJOB_MAX_BODY_BYTES='200')
     with runtime.store.connection():

@@ -10,6 +10,7 @@ import datetime
 import hashlib
 import json
 import logging
+import re
 import time
 
 import bottle
@@ -42,6 +43,9 @@ from .auth import TokenStore, bearer_token
 from .openapi import build_openapi
 
 JSON_TYPE = 'application/json'
+MAX_JSON_DEPTH = 64
+TOO_DEEP = 'The request body is nested deeper than %d levels.' % MAX_JSON_DEPTH
+_SURROGATE = re.compile('[\ud800-\udfff]')
 MAX_WAIT_MS = 30_000
 USAGE_GROUPS = {'user': 'user', 'jobType': 'job_type'}
 CREATE_FIELDS = ('jobType', 'targetType', 'targetId', 'input', 'idempotencyKey', 'overrides')
@@ -170,11 +174,32 @@ def _json_body(max_bytes):
         raise PayloadTooLargeError('The request body is larger than %d bytes.' % max_bytes)
     try:
         body = json.loads(raw.decode('utf-8'), parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
+    except RecursionError:
+        raise InvalidRequestError(TOO_DEEP) from None
+    except ValueError:
         raise InvalidJsonError() from None
     if not isinstance(body, dict):
         raise InvalidJsonError('The request body must be a JSON object.')
+    _check_json_values(body)
     return body
+
+
+def _check_json_values(body):
+    """What json.loads lets through and nothing after it can store or hash: a lone surrogate
+    escape (``"\\ud800"`` is valid JSON, but no UTF-8 text); and nesting deeper than MAX_JSON_DEPTH
+    (the schema validator and the hash recurse)."""
+    pending = [(body, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidRequestError(TOO_DEEP)
+        if isinstance(value, dict):
+            pending.extend((item, depth + 1) for item in value.values())
+            pending.extend((key, depth) for key in value)
+        elif isinstance(value, list):
+            pending.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str) and _SURROGATE.search(value):
+            raise InvalidJsonError('The request body holds a lone surrogate escape (\\ud800).')
 
 
 def _reject_constant(name):
@@ -185,15 +210,38 @@ def _wait_ms():
     raw = bottle.request.query.get('waitMs')
     if raw is None or raw == '':
         return 0
-    if not raw.isdigit() or int(raw) > MAX_WAIT_MS:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_WAIT_MS:  # not '²' or '①'
         raise InvalidRequestError(
             'waitMs must be a whole number 0..%d' % MAX_WAIT_MS, field='waitMs'
         )
     return int(raw)
 
 
+def _header(name):
+    """A request header as text, or None. WSGI hands headers over as latin-1; a client's UTF-8
+    is decoded, and bytes that are not UTF-8 count as no header at all (a bad token is then
+    simply no token) rather than an error deep inside."""
+    raw = bottle.request.environ.get('HTTP_' + name.upper().replace('-', '_'))
+    if raw is None:
+        return None
+    try:
+        return raw.encode('latin-1').decode('utf-8')
+    except UnicodeError:
+        return None
+
+
+def _idempotency_key():
+    raw = bottle.request.environ.get('HTTP_IDEMPOTENCY_KEY')
+    key = _header('Idempotency-Key')
+    if raw is not None and key is None:
+        raise InvalidRequestError(
+            'the Idempotency-Key header must be UTF-8 text', field='idempotencyKey'
+        )
+    return key
+
+
 def _if_none_match():
-    header = bottle.request.get_header('If-None-Match') or ''
+    header = _header('If-None-Match') or ''
     return {tag.strip().removeprefix('W/') for tag in header.split(',') if tag.strip()}
 
 
@@ -256,7 +304,7 @@ class Api:
 
     # -- auth
     def caller(self):
-        token = bearer_token(bottle.request.get_header('Authorization'))
+        token = bearer_token(_header('Authorization'))
         principal = self.tokens.authenticate(token) if token else None
         if principal is None:
             raise UnauthorizedError()
@@ -286,7 +334,7 @@ class Api:
     def create_job(self):
         principal = self.caller()
         body = _json_body(self.max_body_bytes)
-        request = create_request(principal, body, bottle.request.get_header('Idempotency-Key'))
+        request = create_request(principal, body, _idempotency_key())
         if not self.runtime.registry.get(request.job_type).api_creatable:
             raise UnknownJobTypeError(request.job_type)  # internal-only types stay unlisted
         result = self.runtime.service.create_job(request)
