@@ -183,3 +183,47 @@ def test_importing_aijob_opens_nothing_until_gunicorn_asks_for_app(tmp_path):
         env=dict(os.environ, AIJOB_DATABASE_URL='sqlite:///%s' % database, AIJOB_REDIS_URL=''),
     )
     assert result.returncode == 0, result.stderr
+
+
+def raw_request(port, data):
+    """Send raw bytes, read the whole answer: (status, headers text, body bytes)."""
+    with socket.create_connection(('127.0.0.1', port), timeout=10) as sock:
+        sock.sendall(data)
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    head, _, body = b''.join(chunks).partition(b'\r\n\r\n')
+    return int(head.split()[1]), head.decode('latin-1'), body
+
+
+def test_requests_gunicorn_refuses_are_answered_with_json_errors(tmp_path):
+    port = free_port()
+    env = dict(os.environ, AIJOB_PORT=str(port), AIJOB_DATABASE_URL='sqlite:///aijob.db')
+    env.pop('AIJOB_REDIS_URL', None)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, 'aijob.py'), 'serve'],
+        cwd=str(tmp_path),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_healthy('http://127.0.0.1:%d' % port, proc)
+        cases = {
+            b'GET /' + b'a' * 9000 + b' HTTP/1.1\r\nHost: x\r\n\r\n': (414, 'URI_TOO_LONG'),
+            b'GET / HTTP/1.1\r\nHost: x\r\nX-Big: ' + b'b' * 9000 + b'\r\n\r\n': (
+                431,
+                'HEADERS_TOO_LARGE',
+            ),
+            b'NOT A REQUEST\r\n\r\n': (400, 'INVALID_REQUEST'),
+        }
+        for data, (status, code) in cases.items():
+            got, head, body = raw_request(port, data)
+            assert got == status and 'application/json' in head.lower(), head
+            assert json.loads(body)['error']['code'] == code
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0

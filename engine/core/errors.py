@@ -250,6 +250,31 @@ class UnsupportedMediaTypeError(HttpError):
     public_message = 'The request body must be application/json.'
 
 
+# What gunicorn itself refuses before the app sees a request (its own answers are made JSON too).
+class RequestLineTooLongError(HttpError):
+    code = 'URI_TOO_LONG'
+    http_status = 414
+    public_message = 'The request line is too long.'
+
+
+class ExpectationFailedError(HttpError):
+    code = 'EXPECTATION_FAILED'
+    http_status = 417
+    public_message = 'The Expect header cannot be met.'
+
+
+class HeadersTooLargeError(HttpError):
+    code = 'HEADERS_TOO_LARGE'
+    http_status = 431
+    public_message = 'The request headers are too large or too many.'
+
+
+class UnsupportedTransferCodingError(HttpError):
+    code = 'UNSUPPORTED_TRANSFER_CODING'
+    http_status = 501
+    public_message = 'The request uses a transfer coding this server does not support.'
+
+
 class NotReadyError(HttpError):
     code = 'NOT_READY'
     http_status = 503
@@ -396,6 +421,6 @@ def public_error_codes():
     while pending:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
-        if cls.http_status < 500 or cls.http_status == 503:
+        if cls.http_status != 500:
             codes.setdefault(cls.http_status, set()).add(cls.code)
     return {status: sorted(codes[status]) for status in sorted(codes)}

@@ -6,8 +6,19 @@ socket is shared across processes. ``serve`` keeps a single process with threads
 in-memory queue lives in that process.
 """
 
+import json
+
+import gunicorn.util
 from gunicorn.app.base import BaseApplication
 
+from ..core.errors import (
+    ExpectationFailedError,
+    ForbiddenError,
+    HeadersTooLargeError,
+    InvalidRequestError,
+    RequestLineTooLongError,
+    UnsupportedTransferCodingError,
+)
 from ..core.logs import configure as configure_logging
 from ..core.logs import gunicorn_logconfig, log_event
 from ..runtime import Runtime
@@ -16,6 +27,35 @@ from .auth import TokenStore
 
 # A long poll (?waitMs=) holds a thread up to 30 s; gunicorn must not kill a worker for it.
 REQUEST_TIMEOUT_S = 60
+
+
+# gunicorn's own refusals (a request it cannot parse) by status, as the API's errors.
+GUNICORN_ERRORS = {
+    403: ForbiddenError,
+    414: RequestLineTooLongError,
+    417: ExpectationFailedError,
+    431: HeadersTooLargeError,
+    501: UnsupportedTransferCodingError,
+}
+
+
+def write_json_error(sock, status_int, reason, mesg):
+    """Stands in for gunicorn.util.write_error, which answers with an HTML page: every error of
+    this service is JSON with a stable code. gunicorn's message may quote the request; only the
+    reason phrase is kept."""
+    error = GUNICORN_ERRORS.get(status_int)
+    if error is not None:
+        code, message = error.code, error.public_message
+    elif status_int >= 500:
+        code, message = 'INTERNAL_ERROR', 'Internal error.'
+    else:
+        code, message = InvalidRequestError.code, 'The request could not be parsed: %s.' % reason
+    body = json.dumps({'error': {'code': code, 'message': message}}).encode('utf-8')
+    head = (
+        'HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: application/json\r\n'
+        'Content-Length: %d\r\n\r\n' % (status_int, reason, len(body))
+    )
+    gunicorn.util.write_nonblock(sock, head.encode('latin-1') + body)
 
 
 class AijobGunicorn(BaseApplication):
@@ -29,6 +69,8 @@ class AijobGunicorn(BaseApplication):
     def load_config(self):
         for name, value in self.options.items():
             self.cfg.set(name, value)
+        # gunicorn's workers look this up at each error, so the replacement covers every worker.
+        gunicorn.util.write_error = write_json_error
         self.cfg.set('worker_exit', self._worker_exit)
 
     def load(self):
