@@ -201,3 +201,15 @@ def test_every_terminal_state_records_when_it_finished(runtime):
     assert cancelled.finished_at is not None and cancelled.lock_until is None
     for state in ('succeeded', 'failed'):
         assert job_in_state(runtime, state).finished_at is not None
+
+
+def test_progress_never_goes_back_within_a_job(runtime):
+    repo = runtime.lifecycle
+    job = repo.lock_job(create_job(runtime).id, 'worker-1', lock_ttl_ms=1)
+    repo.set_progress(job.id, Fence('worker-1', job.attempt_no), 20)
+    time.sleep(0.02)
+    taken = repo.lock_job(job.id, 'worker-2')  # a takeover starts its own count from 0
+    repo.set_progress(job.id, Fence('worker-2', taken.attempt_no), 10)
+    assert repo.get(job.id).progress == 20
+    repo.set_progress(job.id, Fence('worker-2', taken.attempt_no), 60)
+    assert repo.get(job.id).progress == 60

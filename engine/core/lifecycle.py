@@ -121,8 +121,10 @@ LOCK_JOB = (
     "WHERE id = %s AND (lifecycle_status = 'queued' OR (lifecycle_status = 'running' "
     'AND lock_until < {now} AND cancel_requested_at IS NULL AND ({attempts_left})))'
 )
+# Progress never goes back: a retried call or a takeover starts its own count again from 0.
 SET_PROGRESS = Statement(
-    'UPDATE ai_job SET progress = %s, updated_at = {now} '
+    'UPDATE ai_job SET progress = CASE WHEN progress < %s THEN %s ELSE progress END, '
+    'updated_at = {now} '
     "WHERE id = %s AND lifecycle_status = 'running' AND locked_by = %s AND attempt_no = %s"
 )
 CANCELLED_VALUES = {'error_code': 'CANCELLED', 'public_error_message': 'The job was cancelled.'}
@@ -302,7 +304,7 @@ class AiJobLifecycleRepository:
     def set_progress(self, job_id, fence, progress):
         """Record progress (0–100) of a running job; only its lock holder may."""
         progress = max(0, min(100, int(progress)))
-        params = (progress, job_id) + fence.sql(self.store)[1]
+        params = (progress, progress, job_id) + fence.sql(self.store)[1]
         if self.store.execute(SET_PROGRESS, params).rowcount != 1:
             raise JobLockConflictError(job_id, 'lock lost')
 
