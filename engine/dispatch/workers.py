@@ -13,7 +13,9 @@ import threading
 import time
 
 from ..core.errors import JobLockConflictError, QueueUnavailableError
+from ..core.lifecycle import RUNNING
 from ..core.logs import log_event
+from ..core.sql import Statement, placeholders
 from ..execution.engine import ExecutionEngine
 
 EXIT_FORCED = 3  # a second SIGTERM/SIGINT: exit now, takeover recovers the jobs
@@ -38,15 +40,16 @@ def run_every(name, interval_s, step, stop, connection):
 
 
 class WorkerPool:
-    """``concurrency`` threads consuming one queue through the engine."""
+    """``concurrency`` threads consuming one queue through the engine. A thread holds a
+    database connection only while the engine does database work (``ExecutionEngine.execute``),
+    never while a provider call waits, so ``concurrency`` may be far above AIJOB_DB_POOL_SIZE."""
 
-    def __init__(self, queue_name, concurrency, queue, engine, consumer_id, connection):
+    def __init__(self, queue_name, concurrency, queue, engine, consumer_id):
         self.queue_name = queue_name
         self.concurrency = concurrency
         self.queue = queue
         self.engine = engine
         self.consumer_id = consumer_id
-        self.connection = connection
         self.stopping = threading.Event()
         self.threads = []
 
@@ -68,8 +71,7 @@ class WorkerPool:
             self.queue.release(delivery)
             return None
         try:
-            with self.connection():
-                status = self.engine.execute(delivery.message.job_id)
+            status = self.engine.execute(delivery.message.job_id)
         except Exception:
             # The store failed under us (the engine handles job failures itself): put the
             # message back rather than strand it in this live consumer's processing list.
@@ -117,20 +119,44 @@ class Supervisor:
         self.queue = runtime.queue
         self.engine = engine
         self.consumer_id = consumer_id
+        self.store = runtime.store
         self.lock_ttl_ms = runtime.config.lock_ttl_ms
         self.heartbeat_ttl_ms = runtime.config.reap_after_ms
 
     def beat(self):
-        """The 30 s heartbeat (contracts §1.7): consumer key, then every held lock."""
+        """The 30 s heartbeat (contracts §1.7): consumer key, then every held lock — in two
+        statements per BEAT_BATCH jobs however many this worker runs (see ``extend_locks``)."""
         self.queue.heartbeat(self.consumer_id, self.heartbeat_ttl_ms)
-        for attempt in self.engine.held_attempts():
-            try:
-                job = self.lifecycle.extend_lock(attempt.job.id, attempt.fence, self.lock_ttl_ms)
-            except JobLockConflictError:
-                log_event('job.lock_lost', logging.WARNING, job_id=attempt.job.id)
-                attempt.abandon()
+        attempts = self.engine.held_attempts()
+        for start in range(0, len(attempts), BEAT_BATCH):
+            self.extend_locks(attempts[start : start + BEAT_BATCH])
+
+    def extend_locks(self, attempts):
+        """Push ``lock_until`` forward for every running job this instance holds among
+        ``attempts`` (one fenced UPDATE), then read back who holds each (one SELECT): an attempt
+        whose fence no longer holds (another worker took the job over, or it left ``running``
+        under us) is abandoned, alone; one whose job has a cancel request is told to stop.
+
+        The UPDATE matches on this instance's id, not on each attempt number: a row it extends
+        is held by this instance either way, and the SELECT checks every attempt's own fence."""
+        if not attempts:
+            return
+        ids = [a.job.id for a in attempts]
+        ttl = self.store.ms_param(self.lock_ttl_ms)
+        self.store.execute(_extend_statement(len(ids)), [ttl] + ids + [self.consumer_id])
+        rows = self.store.execute(_holders_statement(len(ids)), ids).fetchall()
+        holders = {row[0]: row[1:] for row in rows}
+        for attempt in attempts:
+            status, locked_by, attempt_no, cancel_requested_at = holders.get(
+                attempt.job.id, (None, None, None, None)
+            )
+            fence = attempt.fence
+            if (status, locked_by, attempt_no) != (RUNNING, fence.instance_id, fence.attempt_no):
+                if self.engine.holds(attempt):  # not merely finished since we listed it
+                    log_event('job.lock_lost', logging.WARNING, job_id=attempt.job.id)
+                    attempt.abandon()
                 continue
-            if job.cancel_requested_at is not None:
+            if cancel_requested_at is not None:
                 attempt.cancel_event.set()
 
     def check_cancel_signals(self):
@@ -148,7 +174,6 @@ class Worker:
         self.runtime = runtime
         config = runtime.config
         self.engine = ExecutionEngine(runtime, runtime.instance_id)
-        connection = runtime.store.connection
         self.pools = [
             WorkerPool(
                 'ai-interactive',
@@ -156,7 +181,6 @@ class Worker:
                 runtime.queue,
                 self.engine,
                 runtime.instance_id,
-                connection,
             ),
             WorkerPool(
                 'ai-background',
@@ -164,7 +188,6 @@ class Worker:
                 runtime.queue,
                 self.engine,
                 runtime.instance_id,
-                connection,
             ),
         ]
         self.supervisor = Supervisor(runtime, self.engine, runtime.instance_id)
@@ -290,6 +313,31 @@ class Worker:
         log_event(
             'worker.stopping', signal=signals[0], grace_ms=self.runtime.config.shutdown_grace_ms
         )
+
+
+# Held jobs per heartbeat statement (a bound on the statement's size and its IN list).
+BEAT_BATCH = 500
+_BEAT_STATEMENTS = {}
+
+
+def _extend_statement(count):
+    key = ('extend', count)
+    if key not in _BEAT_STATEMENTS:
+        _BEAT_STATEMENTS[key] = Statement(
+            'UPDATE ai_job SET lock_until = {now_plus} WHERE id IN (%s) '
+            "AND lifecycle_status = 'running' AND locked_by = %%s" % placeholders(count)
+        )
+    return _BEAT_STATEMENTS[key]
+
+
+def _holders_statement(count):
+    key = ('holders', count)
+    if key not in _BEAT_STATEMENTS:
+        _BEAT_STATEMENTS[key] = Statement(
+            'SELECT id, lifecycle_status, locked_by, attempt_no, cancel_requested_at '
+            'FROM ai_job WHERE id IN (%s)' % placeholders(count)
+        )
+    return _BEAT_STATEMENTS[key]
 
 
 class _NoConnection:

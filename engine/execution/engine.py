@@ -82,43 +82,57 @@ class ExecutionEngine:
         self.lock_ttl_ms = runtime.config.lock_ttl_ms
         self.held = {}  # job id -> Attempt, watched by the supervisor
         self._held_lock = threading.Lock()
+        # A unit of database work on this thread's connection. A pooled database (MySQL) gives
+        # the connection back to the pool at the end of each unit; SQLite has no pool to share
+        # and reopening its file costs more than the statements, so each thread keeps its own.
+        self._unit = self.store.connection if self.store.dialect == 'mysql' else _no_connection
 
     # ------------------------------------------------------------ PREPARE
     def execute(self, job_id):
         """PREPARE: lock job ``job_id`` (CAS queued → running, or a takeover) and run it. Returns
         the terminal status it reached, or None when there was nothing for this worker to do
-        (locked elsewhere, already terminal, lock lost, worker stopping)."""
-        try:
-            job, snapshot = self.lifecycle.lock_job_with_snapshot(
-                job_id, self.instance_id, self.lock_ttl_ms
-            )
-        except (JobNotFoundError, JobLockConflictError, IllegalTransitionError):
-            return None  # gone, running elsewhere, or already finished
-        try:
-            definition = self.registry.get(job.job_type)
-        except UnknownJobTypeError:
-            definition = None
-        attempt = Attempt(job, definition, Fence(self.instance_id, job.attempt_no), snapshot)
-        attempt.retries_used = job.retry_count
-        with self._held_lock:
-            self.held[job_id] = attempt
-        try:
-            return self._run(attempt)
-        finally:
-            with self._held_lock:
-                self.held.pop(job_id, None)
+        (locked elsewhere, already terminal, lock lost, worker stopping).
 
-    def _run(self, a):
-        try:
-            if a.definition is None:
-                return self._fail(
-                    a,
-                    MisconfiguredJobError(
-                        'jobType %s is not registered here' % a.job.job_type,
-                        code='INTERNAL_UNKNOWN_JOB_TYPE',
-                    ),
+        The engine takes a pooled connection for each unit of database work (the lock and
+        RESOLVE, a cancel check, a progress write, PROJECT's transaction, a terminal write) and
+        holds none while the provider works: a worker of 200 threads waiting on 200 AI calls
+        needs a handful of connections, not 200."""
+        with self._unit():  # PREPARE and RESOLVE: the lock, the run's row and snapshot, the key
+            try:
+                job, snapshot = self.lifecycle.lock_job_with_snapshot(
+                    job_id, self.instance_id, self.lock_ttl_ms
                 )
-            return self._run_attempts(a, self._resolve(a))
+            except (JobNotFoundError, JobLockConflictError, IllegalTransitionError):
+                return None  # gone, running elsewhere, or already finished
+            try:
+                definition = self.registry.get(job.job_type)
+            except UnknownJobTypeError:
+                definition = None
+            attempt = Attempt(job, definition, Fence(self.instance_id, job.attempt_no), snapshot)
+            attempt.retries_used = job.retry_count
+            with self._held_lock:
+                self.held[job_id] = attempt
+            try:
+                resolved = self._resolve(attempt)
+            except JobFailure as failure:  # no definition here, credentials, routing
+                resolved = failure
+            except BaseException:
+                self._release_held(job_id)
+                raise
+        try:
+            return self._run(attempt, resolved)
+        finally:
+            self._release_held(job_id)
+
+    def _release_held(self, job_id):
+        with self._held_lock:
+            self.held.pop(job_id, None)
+
+    def _run(self, a, resolved):
+        try:
+            if isinstance(resolved, JobFailure):  # RESOLVE failed
+                return self._fail(a, resolved)
+            return self._run_attempts(a, resolved)
         except JobCancelledError:
             if a.abandoned:
                 return None
@@ -132,11 +146,16 @@ class ExecutionEngine:
                 reason=str(exc),
             )
             return None
-        except JobFailure as failure:  # RESOLVE failed: credentials, routing
+        except JobFailure as failure:
             return self._fail(a, failure)
 
     # ------------------------------------------------------------ RESOLVE
     def _resolve(self, a):
+        if a.definition is None:
+            raise MisconfiguredJobError(
+                'jobType %s is not registered here' % a.job.job_type,
+                code='INTERNAL_UNKNOWN_JOB_TYPE',
+            )
         if a.snapshot is None:
             raise MisconfiguredJobError(
                 'job %s has no input snapshot' % a.job.id, code='INTERNAL_SNAPSHOT_MISSING'
@@ -180,7 +199,8 @@ class ExecutionEngine:
                 self._wait(a, delay_s)
                 a.retries_used += 1
                 internal_retries += isinstance(failure, InternalJobError)
-                self.lifecycle.count_retry(a.job.id, a.fence)
+                with self._unit():
+                    self.lifecycle.count_retry(a.job.id, a.fence)
 
     def _call(self, a, resolved, call_no):
         """One provider call: generate within the deadline, validate, safety on output. Every
@@ -189,7 +209,7 @@ class ExecutionEngine:
         ctx = CallContext(
             deadline=time.monotonic() + definition.execution.timeout_ms / 1000.0,
             cancel_event=a.cancel_event,
-            on_progress=lambda pct: self.lifecycle.set_progress(a.job.id, a.fence, pct),
+            on_progress=lambda pct: self._set_progress(a, pct),
         )
         request = ProviderRequest(
             job_id=a.job.id,
@@ -221,15 +241,20 @@ class ExecutionEngine:
         except JobFailure as failure:
             if a.abandoned:
                 raise AttemptAbandoned(a.job.id) from None
-            self._log_usage(
-                a,
-                resolved,
-                call_no,
-                usage or getattr(failure, 'usage', None),
-                _ms_since(started),
-                failure.code,
-            )
+            with self._unit():
+                self._log_usage(
+                    a,
+                    resolved,
+                    call_no,
+                    usage or getattr(failure, 'usage', None),
+                    _ms_since(started),
+                    failure.code,
+                )
             raise
+
+    def _set_progress(self, a, percent):
+        with self._unit():
+            self.lifecycle.set_progress(a.job.id, a.fence, percent)
 
     def _wait(self, a, seconds):
         """Backoff sleep that a cancel (or the worker stopping) cuts short."""
@@ -241,13 +266,19 @@ class ExecutionEngine:
         a.stop_if_told()
         if not read_store:
             return
-        requested = AiJob.select(AiJob.cancel_requested_at).where(AiJob.id == a.job.id).scalar()
+        with self._unit():
+            requested = AiJob.select(AiJob.cancel_requested_at).where(AiJob.id == a.job.id).scalar()
         if requested is not None:
             a.cancel_event.set()
             raise JobCancelledError('cancel requested')
 
     # ------------------------------------------------------------ PROJECT
     def _project(self, a, resolved, output, usage, latency_ms, call_no):
+        with self._unit():
+            self._project_in_unit(a, resolved, output, usage, latency_ms, call_no)
+        return self._complete(a, SUCCEEDED, None)
+
+    def _project_in_unit(self, a, resolved, output, usage, latency_ms, call_no):
         output_hash = canonical_hash(output)
 
         def work(tx):
@@ -269,15 +300,16 @@ class ExecutionEngine:
             raise InternalJobError(
                 'projection failed: %s' % exc.__class__.__name__, code='INTERNAL_PROJECTION_FAILED'
             ) from exc
-        return self._complete(a, SUCCEEDED, None)
 
     # ------------------------------------------------------------ COMPLETE
     def _fail(self, a, failure):
-        self.lifecycle.mark_failed(a.job.id, failure, fence=a.fence)
+        with self._unit():
+            self.lifecycle.mark_failed(a.job.id, failure, fence=a.fence)
         return self._complete(a, FAILED, failure.code)
 
     def _finish_cancelled(self, a):
-        self.lifecycle.mark_cancelled(a.job.id, fence=a.fence)
+        with self._unit():
+            self.lifecycle.mark_cancelled(a.job.id, fence=a.fence)
         return self._complete(a, CANCELLED, 'CANCELLED')
 
     def _complete(self, a, status, error_code):
@@ -312,6 +344,11 @@ class ExecutionEngine:
         with self._held_lock:
             return list(self.held.values())
 
+    def holds(self, attempt):
+        """Is ``attempt`` still running here (not finished since the supervisor listed it)?"""
+        with self._held_lock:
+            return self.held.get(attempt.job.id) is attempt
+
 
 def validate_output(definition, output):
     """The job succeeds only with a JSON object that satisfies the definition's validator."""
@@ -330,3 +367,18 @@ def validate_output(definition, output):
 
 def _ms_since(started):
     return int((time.monotonic() - started) * 1000)
+
+
+class _NoConnection:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_CONNECTION = _NoConnection()
+
+
+def _no_connection():
+    return _NO_CONNECTION
