@@ -555,7 +555,7 @@ def test_an_unreachable_store_is_503_on_readyz_and_service_unavailable_elsewhere
     assert ready.status == 503 and ready.error_code == 'NOT_READY'
     assert ready.json['checks']['database'] == 'unavailable'
     response = client.post(JOBS, job_body())
-    assert response.status == 503 and response.error_code == 'SERVICE_UNAVAILABLE'
+    assert response.status == 503 and response.error_code == 'STORE_UNAVAILABLE'
     assert int(response.headers['retry-after']) > 0
     assert client.get('/healthz').status == 200
 

@@ -183,7 +183,7 @@ class JobLockConflictError(AiJobError):
 class StoreUnavailableError(AiJobError):
     """The database could not be reached; nothing was written, and the client may try again."""
 
-    code = 'SERVICE_UNAVAILABLE'
+    code = 'STORE_UNAVAILABLE'
     http_status = 503
     retryable = True
     retry_after_s = 5
@@ -192,6 +192,8 @@ class StoreUnavailableError(AiJobError):
 
 class QueueUnavailableError(StoreUnavailableError):
     """The queue backend could not be reached (a Redis outage); callers back off."""
+
+    code = 'QUEUE_UNAVAILABLE'
 
 
 # ---------------------------------------------------------------- the HTTP layer (contracts §7.3)
