@@ -311,6 +311,9 @@ def measure(config, gets, deep_pages):
     for _ in range(50):
         get()
     status = timed(get, gets)
+    if deep_pages is None:  # the status GET only
+        runtime.close()
+        return status, {}
     sample = {
         'user': HEAVY_USER,
         'newest': _utc_seconds(newest.created_at),
@@ -403,6 +406,46 @@ def purge_once(config):
     return counts, elapsed
 
 
+def alternate(args):
+    """The burst on an empty database and on the filled one, in turns (the machine's load from
+    others drifts: neighbouring runs compare fairly); the empty one is made anew every turn."""
+    empty_url = args.database_url + '_empty'
+    base = dict(os.environ, AIJOB_REDIS_URL=args.redis_url)
+    base['AIJOB_OUTBOX_RETENTION_MS'] = RETENTION_DURING_BENCH_MS
+    ratios, gets = [], {'empty': [], 'filled': []}
+    for pair in range(args.ab):
+        recreate_database(empty_url)
+        flush_redis(args.redis_url)
+        empty = run_bench(dict(base, AIJOB_DATABASE_URL=empty_url), args.jobs, args.code)
+        flush_redis(args.redis_url)
+        full = run_bench(dict(base, AIJOB_DATABASE_URL=args.database_url), args.jobs, args.code)
+        ratios.append(full / empty)
+        print('pair %d: empty %.1f, filled %.1f, ratio %.3f' % (pair + 1, empty, full, ratios[-1]))
+        for name, url in (
+            ('empty', empty_url),
+            ('filled', args.database_url),
+            ('empty', empty_url),
+        ):
+            config = Config.from_env(dict(base, AIJOB_DATABASE_URL=url))
+            gets[name].append(measure(config, args.gets, None)[0]['p50'])
+        print(
+            '  status GET p50: empty %s ms, filled %s ms'
+            % ([round(v, 3) for v in gets['empty'][-2:]], round(gets['filled'][-1], 3)),
+            flush=True,
+        )
+    recreate_database(empty_url)
+    empty_p50, filled_p50 = statistics.median(gets['empty']), statistics.median(gets['filled'])
+    print(
+        'status_get_p50_empty_ms=%.3f status_get_p50_filled_ms=%.3f ratio=%.3f'
+        % (empty_p50, filled_p50, filled_p50 / empty_p50)
+    )
+    print(
+        'burst_ratio_median=%.3f over %d pairs %s'
+        % (statistics.median(ratios), len(ratios), [round(r, 3) for r in ratios])
+    )
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--database-url', default='mysql://root@127.0.0.1:3306/test_growth')
@@ -413,6 +456,14 @@ def main(argv=None):
     parser.add_argument('--gets', type=int, default=500)
     parser.add_argument('--deep-pages', type=int, default=500)
     parser.add_argument('--no-purge', action='store_true', help='skip the final purger sweep')
+    parser.add_argument(
+        '--ab',
+        type=int,
+        default=0,
+        metavar='PAIRS',
+        help='only the burst, alternating PAIRS times between a new empty database (the '
+        'database name + _empty) and the filled one as it is; prints the median ratio',
+    )
     parser.add_argument(
         '--admin-only',
         action='store_true',
@@ -429,6 +480,8 @@ def main(argv=None):
 
 
 def run(args):
+    if args.ab:
+        return alternate(args)
     if args.admin_only:
         env = dict(os.environ, AIJOB_DATABASE_URL=args.database_url, AIJOB_REDIS_URL=args.redis_url)
         status, pages = measure(Config.from_env(env), args.gets, args.deep_pages)
