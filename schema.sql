@@ -109,6 +109,7 @@ CREATE TABLE IF NOT EXISTS `ai_usage_log` (
   `user_id` VARCHAR(64) NOT NULL,
   `job_type` VARCHAR(64) NOT NULL,
   `attempt_no` INTEGER NOT NULL,
+  `call_no` INTEGER NOT NULL DEFAULT 1,
   `credential_mode` VARCHAR(32) NOT NULL,
   `provider` VARCHAR(64) NOT NULL,
   `model` VARCHAR(128) NOT NULL,

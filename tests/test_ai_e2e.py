@@ -116,9 +116,9 @@ def test_invalid_json_then_valid_json_succeeds_on_the_retry(ai_runtime, fake):
     fake.script(Reply(content='Sure! Here are your cards.'), json_reply(CARDS))
     job = run_flashcards(ai_runtime)
     assert job.lifecycle_status == 'succeeded' and job.retry_count == 1
-    assert [(r.attempt_no, r.error_code, r.prompt_tokens) for r in usage_rows(job)] == [
-        (1, 'VALIDATION_JSON', 11),
-        (2, None, 11),
+    assert [(r.attempt_no, r.call_no, r.error_code, r.prompt_tokens) for r in usage_rows(job)] == [
+        (1, 1, 'VALIDATION_JSON', 11),
+        (1, 2, None, 11),
     ]
     assert 'JSON object only' in fake.requests[1]['messages'][0]['content']
 
@@ -143,10 +143,10 @@ def test_a_provider_error_that_persists_fails_after_every_retry_with_a_row_per_c
     fake.script(error_reply(500, 'boom'))
     job = run_flashcards(ai_runtime)
     assert (job.lifecycle_status, job.error_code) == ('failed', 'PROVIDER_ERROR')
-    assert [(r.attempt_no, r.error_code) for r in usage_rows(job)] == [
-        (1, 'PROVIDER_ERROR'),
-        (2, 'PROVIDER_ERROR'),
-        (3, 'PROVIDER_ERROR'),
+    assert [(r.attempt_no, r.call_no, r.error_code) for r in usage_rows(job)] == [
+        (1, 1, 'PROVIDER_ERROR'),
+        (1, 2, 'PROVIDER_ERROR'),
+        (1, 3, 'PROVIDER_ERROR'),
     ]
 
 

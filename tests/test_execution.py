@@ -67,10 +67,11 @@ def test_a_retryable_error_fails_after_the_retries_are_used(engine_rt):
     )
     assert job.public_error_message and 'synthetic failure' not in job.public_error_message
     assert 'synthetic failure' in job.internal_error_message
-    assert [(u.attempt_no, u.error_code) for u in usage_rows(job.id)] == [
-        (1, 'PROVIDER_UNAVAILABLE'),
-        (2, 'PROVIDER_UNAVAILABLE'),
-        (3, 'PROVIDER_UNAVAILABLE'),
+    # One attempt (one lock), three calls within it.
+    assert [(u.attempt_no, u.call_no, u.error_code) for u in usage_rows(job.id)] == [
+        (1, 1, 'PROVIDER_UNAVAILABLE'),
+        (1, 2, 'PROVIDER_UNAVAILABLE'),
+        (1, 3, 'PROVIDER_UNAVAILABLE'),
     ]
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from engine.core.models import AiJob, AiJobArtifact
+from engine.core.models import AiJob, AiJobArtifact, AiUsageLog
 from engine.execution.engine import ExecutionEngine
 from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
 from tests.support.helpers import create_job, wait_until
@@ -183,6 +183,12 @@ def test_a_zombie_whose_lock_was_taken_over_cannot_succeed(engine_rt):
     done = AiJob.get_by_id(job.id)
     assert (done.locked_by, done.attempt_no) == ('worker-b', 2)
     assert AiJobArtifact.select().where(AiJobArtifact.job_id == job.id).count() == 1
+    # The zombie's call cost what it cost: its usage row stands, marked, beside the successor's.
+    usage = AiUsageLog.select().where(AiUsageLog.job_id == job.id).order_by(AiUsageLog.attempt_no)
+    assert [(u.attempt_no, u.error_code) for u in usage] == [
+        (1, 'INTERNAL_ATTEMPT_ABANDONED'),
+        (2, None),
+    ]
 
 
 def test_jobs_survive_a_queue_that_lost_its_data(engine_rt, backend):

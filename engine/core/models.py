@@ -215,7 +215,8 @@ class AiUsageLog(BaseModel):
     job_id = CharField(max_length=36)
     user_id = CharField(max_length=64)
     job_type = CharField(max_length=64)
-    attempt_no = IntegerField()
+    attempt_no = IntegerField()  # the job's attempt (lock) the call belonged to
+    call_no = IntegerField(default=1)  # which provider call of the job it was: 1, 2, …
     credential_mode = CharField(max_length=32)
     provider = CharField(max_length=64)
     model = CharField(max_length=128)

@@ -18,6 +18,9 @@ from pymysql.constants import SERVER_STATUS
 from .errors import ConfigError, StoreUnavailableError
 from .models import MODELS, database
 
+# Columns added to a table after it first shipped: (table, column, DDL valid on both dialects).
+ADDED_COLUMNS = (('ai_usage_log', 'call_no', 'INTEGER NOT NULL DEFAULT 1'),)
+
 # Normalised by peewee from both drivers; the rest of the engine uses these names only.
 IntegrityError = peewee.IntegrityError
 OperationalError = peewee.OperationalError
@@ -260,8 +263,16 @@ class Store:
                     self.db.execute_sql(statement)
             else:
                 self.db.create_tables(MODELS, safe=True)
+            self._add_missing_columns()
             if extra_models:
                 self.db.create_tables(list(extra_models), safe=True)
+
+    def _add_missing_columns(self):
+        """CREATE TABLE IF NOT EXISTS leaves a table from an older release as it was: add the
+        columns that came later, so ``initdb`` upgrades a deployment in place."""
+        for table, column, ddl in ADDED_COLUMNS:
+            if column not in {c.name for c in self.db.get_columns(table)}:
+                self.db.execute_sql('ALTER TABLE %s ADD COLUMN %s %s' % (table, column, ddl))
 
     def ping(self):
         """Raise StoreUnavailableError unless a trivial query answers."""

@@ -31,6 +31,9 @@ from ..core.registry import first_error
 from .providers import CallContext, ProviderRequest, Usage
 from .usage import record_usage
 
+# The error code of a usage row whose call finished after its worker lost the lock or stopped.
+LOCK_LOST = 'INTERNAL_ATTEMPT_ABANDONED'
+
 
 class AttemptAbandoned(Exception):
     """This worker must stop touching the job: its lock was lost or the worker is stopping."""
@@ -233,24 +236,24 @@ class ExecutionEngine:
                     'provider raised %s' % exc.__class__.__name__, code='INTERNAL_PROVIDER_ERROR'
                 ) from exc
             usage = result.usage
+            if a.abandoned:  # the lock went while the call ran: its cost was incurred all the same
+                self._log_usage_now(a, resolved, call_no, usage, started, LOCK_LOST)
             a.stop_if_told()
             validate_output(definition, result.output)
             if definition.security.content_safety_check:
                 self.ai.safety.check(result.output, 'output')
             return result.output, result.usage, _ms_since(started)
         except JobFailure as failure:
+            usage = usage or getattr(failure, 'usage', None)
             if a.abandoned:
+                self._log_usage_now(a, resolved, call_no, usage, started, LOCK_LOST)
                 raise AttemptAbandoned(a.job.id) from None
-            with self._unit():
-                self._log_usage(
-                    a,
-                    resolved,
-                    call_no,
-                    usage or getattr(failure, 'usage', None),
-                    _ms_since(started),
-                    failure.code,
-                )
+            self._log_usage_now(a, resolved, call_no, usage, started, failure.code)
             raise
+
+    def _log_usage_now(self, a, resolved, call_no, usage, started, error_code):
+        with self._unit():
+            self._log_usage(a, resolved, call_no, usage, _ms_since(started), error_code)
 
     def _set_progress(self, a, percent):
         with self._unit():
@@ -293,7 +296,10 @@ class ExecutionEngine:
         except JobCancelledError:  # a cancel request beat the success write: rolled back
             self._log_usage(a, resolved, call_no, usage, latency_ms, None)
             raise
-        except (JobLockConflictError, JobFailure):
+        except JobLockConflictError:  # a zombie: nothing of its result stands, but its cost does
+            self._log_usage(a, resolved, call_no, usage, latency_ms, LOCK_LOST)
+            raise
+        except JobFailure:
             raise
         except Exception as exc:  # projector or store failure: rolled back
             self._log_usage(a, resolved, call_no, usage, latency_ms, 'INTERNAL_PROJECTION_FAILED')

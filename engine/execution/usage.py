@@ -76,14 +76,15 @@ GROUPS = {'user': ('userId', AiUsageLog.user_id), 'job_type': ('jobType', AiUsag
 
 
 INSERT_USAGE = Statement(
-    'INSERT INTO ai_usage_log (job_id, user_id, job_type, attempt_no, credential_mode, provider, '
-    'model, prompt_tokens, completion_tokens, cost, latency_ms, error_code, created_at) '
-    'VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {now})'
+    'INSERT INTO ai_usage_log (job_id, user_id, job_type, attempt_no, call_no, credential_mode, '
+    'provider, model, prompt_tokens, completion_tokens, cost, latency_ms, error_code, created_at) '
+    'VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {now})'
 )
 
 
-def record_usage(job, attempt_no, provider, model, usage, cost, latency_ms, error_code=None):
-    """Write the row for one provider call of ``job``; ``usage`` is a providers.Usage. Runs on
+def record_usage(job, call_no, provider, model, usage, cost, latency_ms, error_code=None):
+    """Write the row for provider call ``call_no`` of ``job``, made in its attempt
+    ``job.attempt_no``; ``usage`` is a providers.Usage. Runs on
     the caller's connection, inside its transaction if it has one (the engine writes the row
     of a successful call in the PROJECT transaction)."""
     execute(
@@ -92,7 +93,8 @@ def record_usage(job, attempt_no, provider, model, usage, cost, latency_ms, erro
             job.id,
             job.user_id,
             job.job_type,
-            attempt_no,
+            job.attempt_no,
+            call_no,
             job.credential_mode,
             provider,
             model or '',
