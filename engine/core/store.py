@@ -218,6 +218,11 @@ class Store:
             return '%+.3f seconds' % (ms / 1000.0)
         return int(ms) * 1000
 
+    def is_unreachable(self, exc):
+        """Did ``exc`` come from a store that cannot be reached right now (server down, network
+        cut, connection dropped), so the same work may succeed later?"""
+        return isinstance(exc, (OperationalError, peewee.InterfaceError))
+
     def is_transient(self, exc):
         """A deadlock, lock wait timeout or busy database: the whole transaction may be retried."""
         if not isinstance(exc, OperationalError):

@@ -31,6 +31,9 @@ from ..core.registry import first_error
 from .providers import CallContext, ProviderRequest, Usage
 from .usage import record_usage
 
+# Waits between tries of a job's final write while the store is unreachable.
+STORE_RETRY_FIRST_S = 0.2
+STORE_RETRY_MAX_S = 1.0
 # The error code of a usage row whose call finished after its worker lost the lock or stopped.
 LOCK_LOST = 'INTERNAL_ATTEMPT_ABANDONED'
 
@@ -202,8 +205,7 @@ class ExecutionEngine:
                 self._wait(a, delay_s)
                 a.retries_used += 1
                 internal_retries += isinstance(failure, InternalJobError)
-                with self._unit():
-                    self.lifecycle.count_retry(a.job.id, a.fence)
+                self._until_written(a, lambda: self.lifecycle.count_retry(a.job.id, a.fence))
 
     def _call(self, a, resolved, call_no):
         """One provider call: generate within the deadline, validate, safety on output. Every
@@ -252,12 +254,43 @@ class ExecutionEngine:
             raise
 
     def _log_usage_now(self, a, resolved, call_no, usage, started, error_code):
-        with self._unit():
-            self._log_usage(a, resolved, call_no, usage, _ms_since(started), error_code)
+        latency_ms = _ms_since(started)
+        self._until_written(
+            a, lambda: self._log_usage(a, resolved, call_no, usage, latency_ms, error_code)
+        )
 
     def _set_progress(self, a, percent):
-        with self._unit():
-            self.lifecycle.set_progress(a.job.id, a.fence, percent)
+        try:
+            with self._unit():
+                self.lifecycle.set_progress(a.job.id, a.fence, percent)
+        except Exception as exc:  # progress is a hint: an outage must not fail the call
+            if not self.store.is_unreachable(exc):
+                raise
+
+    def _until_written(self, a, write):
+        """Run ``write`` in a unit of database work, again while the store is unreachable: the
+        job stays this worker's through an outage (its heartbeats resume with the store), and
+        its result is written when the store returns instead of being dropped. Gives up only
+        when the attempt is abandoned (its lock was lost, or the worker stops)."""
+        delay_s = STORE_RETRY_FIRST_S
+        while True:
+            try:
+                with self._unit():
+                    return write()
+            except Exception as exc:
+                if not self.store.is_unreachable(exc) or a.abandoned:
+                    raise
+                log_event(
+                    'job.store_unreachable',
+                    logging.WARNING,
+                    job_id=a.job.id,
+                    retry_in_s=delay_s,
+                    error_type=exc.__class__.__name__,
+                )
+            time.sleep(delay_s)
+            if a.abandoned:
+                raise AttemptAbandoned(a.job.id)
+            delay_s = min(STORE_RETRY_MAX_S, delay_s * 2)
 
     def _wait(self, a, seconds):
         """Backoff sleep that a cancel (or the worker stopping) cuts short."""
@@ -269,16 +302,24 @@ class ExecutionEngine:
         a.stop_if_told()
         if not read_store:
             return
-        with self._unit():
-            requested = AiJob.select(AiJob.cancel_requested_at).where(AiJob.id == a.job.id).scalar()
+        try:
+            with self._unit():
+                requested = (
+                    AiJob.select(AiJob.cancel_requested_at).where(AiJob.id == a.job.id).scalar()
+                )
+        except Exception as exc:  # the store is down: the flag and the fast path still work
+            if not self.store.is_unreachable(exc):
+                raise
+            return
         if requested is not None:
             a.cancel_event.set()
             raise JobCancelledError('cancel requested')
 
     # ------------------------------------------------------------ PROJECT
     def _project(self, a, resolved, output, usage, latency_ms, call_no):
-        with self._unit():
-            self._project_in_unit(a, resolved, output, usage, latency_ms, call_no)
+        self._until_written(
+            a, lambda: self._project_in_unit(a, resolved, output, usage, latency_ms, call_no)
+        )
         return self._complete(a, SUCCEEDED, None)
 
     def _project_in_unit(self, a, resolved, output, usage, latency_ms, call_no):
@@ -302,6 +343,8 @@ class ExecutionEngine:
         except JobFailure:
             raise
         except Exception as exc:  # projector or store failure: rolled back
+            if self.store.is_unreachable(exc):
+                raise  # not the projection's fault: written again when the store returns
             self._log_usage(a, resolved, call_no, usage, latency_ms, 'INTERNAL_PROJECTION_FAILED')
             raise InternalJobError(
                 'projection failed: %s' % exc.__class__.__name__, code='INTERNAL_PROJECTION_FAILED'
@@ -309,13 +352,11 @@ class ExecutionEngine:
 
     # ------------------------------------------------------------ COMPLETE
     def _fail(self, a, failure):
-        with self._unit():
-            self.lifecycle.mark_failed(a.job.id, failure, fence=a.fence)
+        self._until_written(a, lambda: self.lifecycle.mark_failed(a.job.id, failure, fence=a.fence))
         return self._complete(a, FAILED, failure.code)
 
     def _finish_cancelled(self, a):
-        with self._unit():
-            self.lifecycle.mark_cancelled(a.job.id, fence=a.fence)
+        self._until_written(a, lambda: self.lifecycle.mark_cancelled(a.job.id, fence=a.fence))
         return self._complete(a, CANCELLED, 'CANCELLED')
 
     def _complete(self, a, status, error_code):
