@@ -30,6 +30,9 @@ _DUE = "status = 'pending' AND available_at <= {now} ORDER BY id LIMIT %s"
 CLAIM_BATCH = Statement(
     _CLAIM_SET + _DUE, _CLAIM_SET + 'id IN (SELECT id FROM outbox_event WHERE ' + _DUE + ')'
 )
+ANY_DUE = Statement(
+    "SELECT id FROM outbox_event WHERE status = 'pending' AND available_at <= {now} LIMIT 1"
+)
 SELECT_CLAIMED = Statement(
     'SELECT id, event_type, payload, attempt_count FROM outbox_event '
     "WHERE status = 'processing' AND locked_by = %s"
@@ -84,6 +87,8 @@ class OutboxRepository:
         """CAS up to ``limit`` due pending events → processing for ``claimer`` in one statement,
         then read exactly those (``claimer`` is unique to this claim). Events another dispatcher
         claimed first are simply not matched (contracts §4.3: a lost claim is skipped)."""
+        if self.store.execute(ANY_DUE).fetchone() is None:
+            return []  # the usual idle poll: a read, not a write (and a commit) of nothing
         if self.store.execute(CLAIM_BATCH, (claimer, limit)).rowcount == 0:
             return []
         rows = self.store.execute(SELECT_CLAIMED, (claimer,)).fetchall()

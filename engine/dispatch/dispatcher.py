@@ -150,7 +150,7 @@ class PublishMarks:
     claim expires and the event is pushed again, which the idempotent push and the lock CAS make
     harmless."""
 
-    def __init__(self, outbox, claimer, connection, interval_s=0.5, batch_size=500):
+    def __init__(self, outbox, claimer, connection, interval_s=1.0, batch_size=1000):
         self.outbox = outbox
         self.claimer = claimer
         self.connection = connection
