@@ -14,7 +14,7 @@ from engine.core.models import AiJob, AiJobArtifact, AiUsageLog
 from engine.execution.engine import ExecutionEngine
 from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
 from tests.support.helpers import create_job, wait_until
-from tests.support.runtimes import FAST_SETTINGS, wait_terminal
+from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -162,6 +162,27 @@ def test_the_worker_refuses_to_start_without_redis(backend):
     assert result.returncode == 2
     assert 'AIJOB_REDIS_URL' in result.stderr and 'Traceback' not in result.stderr
     assert result.stderr.strip().count('\n') == 0
+
+
+def test_a_queue_that_comes_back_empty_is_noticed_at_once_not_after_the_reconcile_delay(
+    make_runtime, backend
+):
+    settings = dict(
+        FAST_SETTINGS, AIJOB_RECONCILE_AFTER_MS='600000', AIJOB_INTERACTIVE_CONCURRENCY='1'
+    )
+    rt = make_runtime(registry=fast_registry(), **settings)
+    with rt.store.connection():
+        rt.start_background()
+        busy = create_job(rt, input={'sleepMs': 1500})  # holds the only thread
+        wait_until(lambda: AiJob.get_by_id(busy.id).lifecycle_status == 'running')
+        waiting = [create_job(rt, user_id='w%d' % i, target_id=str(i)) for i in range(10)]
+        if rt.config.uses_redis:  # Redis restarts without persistence …
+            delete_redis_keys(backend.prefix)
+        else:
+            rt.queue.clear()
+        for job in [busy] + waiting:  # … and every job still runs, once, long before 600 s
+            done = wait_terminal(rt, job.id, timeout=15)
+            assert (done.lifecycle_status, done.attempt_no) == ('succeeded', 1)
 
 
 def test_a_zombie_whose_lock_was_taken_over_cannot_succeed(engine_rt):

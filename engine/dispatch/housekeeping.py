@@ -87,11 +87,25 @@ class Reconciler:
         self.queue = queue
         self.after_ms = after_ms
         self.batch_size = batch_size
+        self._epoch = None
 
-    def sweep(self):
-        """One pass; returns how many jobs were published again."""
+    def check_epoch(self):
+        """Has the queue lost its data since the last look (its epoch changed)? Then every
+        queued job without a live entry is published again now, not ``after_ms`` later.
+        Returns how many were."""
+        epoch = self.queue.epoch()
+        lost, self._epoch = self._epoch is not None and epoch != self._epoch, epoch
+        if not lost:
+            return 0
+        log_event('queue.data_lost', logging.WARNING)
+        return self.sweep(after_ms=0)
+
+    def sweep(self, after_ms=None):
+        """One pass over jobs queued ``after_ms`` (default: the configured delay) with no live
+        queue entry; returns how many were published again."""
         republished = []
-        for job in self.lifecycle.find_stale_queued(self.after_ms, self.batch_size):
+        after_ms = self.after_ms if after_ms is None else after_ms
+        for job in self.lifecycle.find_stale_queued(after_ms, self.batch_size):
             message = message_for_job(job)
             if not self.queue.has_entry(message):
                 self.queue.push(message)

@@ -20,6 +20,7 @@ class MemoryQueue(Queue):
         self._markers = {}  # queue job id -> raw
         self._heartbeats = {}  # consumer -> monotonic expiry
         self._cancels = {}  # job id -> monotonic expiry
+        self._epoch = 1
 
     def push(self, message, force=False):
         with self._lock:
@@ -98,9 +99,14 @@ class MemoryQueue(Queue):
         with self._lock:
             return sum(len(band) for band in self._bands[queue_name])
 
+    def epoch(self):
+        with self._lock:
+            return self._epoch
+
     def clear(self):
         """Lose every message (what a Redis restart without persistence does)."""
         with self._lock:
+            self._epoch += 1
             for bands in self._bands.values():
                 for band in bands:
                     band.clear()

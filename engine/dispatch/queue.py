@@ -125,6 +125,12 @@ class Queue:
         """Is a message for this job live (queued or being processed)?"""
         raise NotImplementedError
 
+    def epoch(self):
+        """A token that stays the same while the backend keeps its data, and changes when it
+        lost it (a Redis restarted without persistence): the first caller after a loss writes
+        a new one."""
+        raise NotImplementedError
+
     def signal_cancel(self, job_id, ttl_s=300):
         """The fast cancellation path (``job:cancel:{jobId}``, contracts §8.2)."""
         raise NotImplementedError

@@ -5,6 +5,7 @@ Every key is ``{prefix}:{queue}:…`` with the queue as hash tag, so each script
 slot (architecture decision 5). Redis errors stop at this edge as QueueUnavailableError.
 """
 
+import os
 import time
 
 import redis
@@ -188,6 +189,12 @@ class RedisQueue(Queue):
             ],
             args=[delivery.raw],
         )
+
+    @_translate
+    def epoch(self):
+        key = '%s:epoch' % self.prefix
+        self.redis.set(key, os.urandom(8).hex(), nx=True)  # only where it is gone
+        return self.redis.get(key)
 
     @_translate
     def heartbeat(self, consumer_id, ttl_ms):

@@ -39,6 +39,9 @@ def run_every(name, interval_s, step, stop, connection):
     return thread
 
 
+QUEUE_EPOCH_CHECK_S = 1.0
+
+
 class WorkerPool:
     """``concurrency`` threads consuming one queue through the engine. A thread holds a
     database connection only while the engine does database work (``ExecutionEngine.execute``),
@@ -240,6 +243,16 @@ class Worker:
                     'reconciler',
                     config.reconcile_after_ms / 2000.0,
                     rt.reconciler.sweep,
+                    self.stop_event,
+                    conn,
+                )
+            )
+            # A queue that lost its data (Redis restarted empty) is noticed within a second.
+            self.threads.append(
+                run_every(
+                    'queue-epoch',
+                    QUEUE_EPOCH_CHECK_S,
+                    rt.reconciler.check_epoch,
                     self.stop_event,
                     conn,
                 )
