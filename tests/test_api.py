@@ -584,3 +584,22 @@ def test_openapi_documents_every_route_of_the_app(api):
         for route in api.app.routes
     }
     assert routes == documented
+
+
+@pytest.mark.parametrize(
+    'query,field',
+    [
+        ({'limit': '²'}, 'limit'),
+        ({'limit': '①'}, 'limit'),
+        ({'createdFrom': '0001-01-01T00:00:00+14:00'}, 'createdFrom'),
+        ({'createdTo': '9999-12-31T23:59:59-14:00'}, 'createdTo'),
+    ],
+)
+def test_admin_list_parameters_out_of_range_are_400(api, query, field):
+    response = api.admin.get(ADMIN_JOBS, query=query)
+    assert response.status == 400 and response.json['error']['field'] == field
+
+
+def test_usage_times_out_of_range_are_400(api):
+    response = api.admin.get('/admin-api/ai/usage', query={'until': '9999-12-31T23:59:59-14:00'})
+    assert response.status == 400 and response.json['error']['field'] == 'until'

@@ -187,21 +187,20 @@ def _statuses(raw):
 def parse_time(raw, name):
     if not raw:
         return None
+    message = '%s must be an ISO-8601 time such as 2026-06-20T00:00:00Z' % name
     try:
         value = datetime.datetime.fromisoformat(raw.strip().replace('Z', '+00:00'))
-    except ValueError:
-        raise InvalidRequestError(
-            '%s must be an ISO-8601 time such as 2026-06-20T00:00:00Z' % name, field=name
-        ) from None
-    if value.tzinfo is not None:
-        value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        if value.tzinfo is not None:  # 0001-01-01T00:00+14:00 is before year 1 in UTC
+            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    except (ValueError, OverflowError):
+        raise InvalidRequestError(message, field=name) from None
     return value
 
 
 def _limit(raw):
     if raw is None or raw == '':
         return DEFAULT_PAGE_SIZE
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE_SIZE:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE_SIZE:
         raise InvalidRequestError(
             'limit must be a whole number 1..%d' % MAX_PAGE_SIZE, field='limit'
         )
