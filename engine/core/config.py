@@ -298,6 +298,28 @@ SETTINGS = (
         positive_int,
         'How often GET /api/ai/jobs/{id}?waitMs= re-reads the job while it waits for a change.',
     ),
+    Setting(
+        'AIJOB_REQUEST_TIMEOUT_MS',
+        '30000',
+        positive_int,
+        'A request body still incomplete this long after the API starts reading it gets 408 '
+        'REQUEST_TIMEOUT; request headers and idle keep-alive connections get at most 5 s (or '
+        'this, if shorter) before the connection is closed.',
+    ),
+    Setting(
+        'AIJOB_MAX_WAITERS',
+        '1000',
+        positive_int,
+        'Most GET /api/ai/jobs/{id}?waitMs= requests one web process holds at once '
+        '(429 TOO_MANY_WAITERS beyond).',
+    ),
+    Setting(
+        'AIJOB_MAX_WAITERS_PER_USER',
+        '50',
+        positive_int,
+        'Most ?waitMs= requests of one user that one web process holds at once '
+        '(429 TOO_MANY_WAITERS beyond).',
+    ),
     # ---- AI providers, credentials, safety and pricing
     Setting(
         'AIJOB_PROVIDER_BASE_URL',

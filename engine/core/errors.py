@@ -252,6 +252,19 @@ class UnsupportedMediaTypeError(HttpError):
     public_message = 'The request body must be application/json.'
 
 
+class RequestTimeoutError(HttpError):
+    code = 'REQUEST_TIMEOUT'
+    http_status = 408
+    public_message = 'The request body did not arrive in time.'
+
+
+class TooManyWaitersError(HttpError):
+    code = 'TOO_MANY_WAITERS'
+    http_status = 429
+    retry_after_s = 1
+    public_message = 'Too many requests are waiting for a change (waitMs); retry later.'
+
+
 # What gunicorn itself refuses before the app sees a request (its own answers are made JSON too).
 class RequestLineTooLongError(HttpError):
     code = 'URI_TOO_LONG'

@@ -11,6 +11,9 @@ import hashlib
 import json
 import logging
 import re
+import select
+import socket
+import threading
 import time
 
 import bottle
@@ -26,7 +29,9 @@ from ..core.errors import (
     NoSuchEndpointError,
     NotReadyError,
     PayloadTooLargeError,
+    RequestTimeoutError,
     StoreUnavailableError,
+    TooManyWaitersError,
     UnauthorizedError,
     UnknownCredentialError,
     UnknownJobTypeError,
@@ -34,6 +39,7 @@ from ..core.errors import (
 )
 from ..core.lifecycle import RUNNING, TERMINAL
 from ..core.logs import log_event
+from ..core.models import AiJob
 from ..core.service import CreateJobInput
 from ..core.store import OperationalError
 from ..execution.usage import usage_totals
@@ -51,6 +57,8 @@ USAGE_GROUPS = {'user': 'user', 'jobType': 'job_type'}
 CREATE_FIELDS = ('jobType', 'targetType', 'targetId', 'input', 'idempotencyKey', 'overrides')
 
 INTERNAL_MESSAGE = 'Internal error.'
+WATCH_CHUNK = 500  # job ids per batched re-read of the waiters' jobs
+GONE_CHECK_S = 0.5  # a waiting request looks at its client's socket at least this often
 
 # bottle's own errors (no route, wrong method, a body it cannot read) by status.
 BOTTLE_ERRORS = {
@@ -96,14 +104,16 @@ class _Guard:
     api = 2
     name = 'aijob_guard'
 
-    def __init__(self, store):
+    def __init__(self, store, request_timeout_s=None):
         self.store = store
+        self.request_timeout_s = request_timeout_s
 
     def apply(self, callback, route):
         uses_db = route.config.get('db', True)
 
         def guarded(*args, **kwargs):
             started = time.monotonic()
+            bottle.request.environ['aijob.request_timeout_s'] = self.request_timeout_s
             result = self._run(callback, uses_db, args, kwargs)
             _access_log(route, result.status_code, started, kwargs.get('job_id'))
             return result
@@ -169,7 +179,7 @@ def _json_body(max_bytes):
     media_type = environ.get('CONTENT_TYPE', '').split(';')[0].strip().lower()
     if media_type != JSON_TYPE and not media_type.endswith('+json'):
         raise UnsupportedMediaTypeError()
-    raw = environ['wsgi.input'].read(max_bytes + 1 if length < 0 else length)
+    raw = _read_body(environ, max_bytes + 1 if length < 0 else length)
     if len(raw) > max_bytes:
         raise PayloadTooLargeError('The request body is larger than %d bytes.' % max_bytes)
     try:
@@ -182,6 +192,54 @@ def _json_body(max_bytes):
         raise InvalidJsonError('The request body must be a JSON object.')
     _check_json_values(body)
     return body
+
+
+def _read_body(environ, size):
+    """``size`` bytes of the body at most. Under gevent (``serve`` and ``web``) a body that has
+    not arrived within AIJOB_REQUEST_TIMEOUT_MS is REQUEST_TIMEOUT (408); the slow client held
+    only its own greenlet meanwhile."""
+    timeout_s = environ.get('aijob.request_timeout_s')
+    if not timeout_s or not _cooperative():
+        return environ['wsgi.input'].read(size)
+    import gevent
+
+    timer = gevent.Timeout(timeout_s)
+    timer.start()
+    try:
+        return environ['wsgi.input'].read(size)
+    except gevent.Timeout as exc:
+        if exc is not timer:
+            raise
+        log_event('http.body_timeout', logging.WARNING, timeout_ms=int(timeout_s * 1000))
+        raise RequestTimeoutError() from None
+    finally:
+        timer.close()
+
+
+def _cooperative():
+    """True in a gevent worker (sockets monkey-patched), where a greenlet may time out a read."""
+    try:
+        from gevent import monkey
+    except ImportError:
+        return False
+    return monkey.is_module_patched('socket')
+
+
+def _client_gone(environ):
+    """True when the client of this request has closed its connection: the socket is readable
+    and reading it (a peek, nothing consumed) gives end-of-file or an error. A client that sends
+    its next request early is not gone. Without a server socket (the in-process test client)
+    nobody is ever gone."""
+    sock = environ.get('gunicorn.socket')
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK) == b''
+    except (OSError, ValueError):
+        return True
 
 
 def _check_json_values(body):
@@ -292,6 +350,106 @@ def create_request(principal, body, header_key):
     )
 
 
+# ---------------------------------------------------------------- waiting for a change
+class _Waiter:
+    __slots__ = ('job_id', 'user_id', 'changed', 'seen')
+
+    def __init__(self, job_id, user_id):
+        self.job_id, self.user_id = job_id, user_id
+        self.changed = threading.Event()
+        self.seen = None  # the job's status columns as the watcher last saw them
+
+
+class Watch:
+    """The ``?waitMs=`` requests of this process, capped per process and per user, and one loop
+    that re-reads all their jobs' status columns in one query per poll interval (not one per
+    waiter) and wakes the waiters whose job changed. A waiter holds no database connection while
+    it waits. Under gevent the loop is a greenlet; in the in-process test client, a thread."""
+
+    def __init__(self, store, poll_s, max_waiters, max_per_user):
+        self.store = store
+        self.poll_s = poll_s
+        self.max_waiters = max_waiters
+        self.max_per_user = max_per_user
+        self._lock = threading.Lock()
+        self._by_job = {}  # job id -> set of _Waiter
+        self._per_user = {}
+        self._count = 0
+        self._loop = None
+        # Set by the server: true once this process is shutting down; waits end then (the
+        # client polls again elsewhere) instead of holding up the graceful stop.
+        self.stopping = lambda: False
+
+    @property
+    def count(self):
+        return self._count
+
+    def enter(self, job_id, user_id):
+        """A new waiter, or TOO_MANY_WAITERS (429) over either cap."""
+        with self._lock:
+            mine = self._per_user.get(user_id, 0)
+            if self._count >= self.max_waiters or mine >= self.max_per_user:
+                raise TooManyWaitersError()
+            waiter = _Waiter(job_id, user_id)
+            self._count += 1
+            self._per_user[user_id] = mine + 1
+            self._by_job.setdefault(job_id, set()).add(waiter)
+            if self._loop is None:
+                self._loop = threading.Thread(target=self._run, name='status-watch', daemon=True)
+                self._loop.start()
+        return waiter
+
+    def leave(self, waiter):
+        with self._lock:
+            self._count -= 1
+            left = self._per_user[waiter.user_id] - 1
+            if left:
+                self._per_user[waiter.user_id] = left
+            else:
+                del self._per_user[waiter.user_id]
+            waiters = self._by_job[waiter.job_id]
+            waiters.discard(waiter)
+            if not waiters:
+                del self._by_job[waiter.job_id]
+
+    def _run(self):
+        while True:
+            with self._lock:
+                job_ids = list(self._by_job)
+                if not job_ids:
+                    self._loop = None
+                    return
+            try:
+                rows = self._read(job_ids)
+            except Exception:
+                # Every waiter re-reads on its own instead and answers 503 if the store is gone.
+                log_event('http.watch_failed', logging.WARNING, exc_info=True)
+                rows = None
+            with self._lock:
+                for job_id, waiters in self._by_job.items():
+                    for waiter in waiters:
+                        if rows is None:
+                            waiter.changed.set()
+                            continue
+                        seen = rows.get(job_id)
+                        if seen != waiter.seen:
+                            # The first sighting wakes the waiter once too: the job may have
+                            # changed between the waiter's own read and this one.
+                            waiter.seen = seen
+                            waiter.changed.set()
+            time.sleep(self.poll_s)
+
+    def _read(self, job_ids):
+        rows = {}
+        with self.store.connection():
+            for start in range(0, len(job_ids), WATCH_CHUNK):
+                chunk = job_ids[start : start + WATCH_CHUNK]
+                query = AiJob.select(*views.STATUS_COLUMNS).where(AiJob.id.in_(chunk)).tuples()
+                for row in query:
+                    rows[row[0]] = row
+        return rows
+
+
 # ---------------------------------------------------------------- the routes
 class Api:
     def __init__(self, runtime):
@@ -300,6 +458,12 @@ class Api:
         self.tokens = TokenStore(runtime.store)
         self.max_body_bytes = runtime.config.max_body_bytes
         self.wait_poll_s = runtime.config.status_wait_poll_ms / 1000.0
+        self.watch = Watch(
+            runtime.store,
+            self.wait_poll_s,
+            runtime.config.max_waiters,
+            runtime.config.max_waiters_per_user,
+        )
         self.openapi = build_openapi(runtime.registry)
 
     # -- auth
@@ -355,28 +519,51 @@ class Api:
         )
 
     def get_job(self, job_id):
-        principal = self.caller()
-        wait_ms, known = _wait_ms(), _if_none_match()
-        body, etag = self.status_with_etag(*self.visible_status(job_id, principal))
-        if wait_ms:
-            body, etag = self.wait_for_change(job_id, body, etag, known, wait_ms)
+        """The job's status; with ``waitMs`` it first waits for a change. The route holds no
+        database connection of its own (``db=False``): one unit of work reads, and a wait takes
+        one only for each re-read."""
+        with self.store.connection():
+            principal = self.caller()
+            wait_ms, known = _wait_ms(), _if_none_match()
+            body, etag = self.status_with_etag(*self.visible_status(job_id, principal))
+        if wait_ms and etag in (known or {etag}) and body['lifecycleStatus'] not in TERMINAL:
+            waiter = self.watch.enter(job_id, principal.user_id)
+            try:
+                body, etag = self.wait_for_change(waiter, body, etag, known, wait_ms)
+            finally:
+                self.watch.leave(waiter)
         if etag in known:
             return bottle.HTTPResponse(
                 status=304, headers={'ETag': etag, 'Cache-Control': 'no-cache'}
             )
         return reply(body, 200, {'ETag': etag, 'Cache-Control': 'no-cache'})
 
-    def wait_for_change(self, job_id, body, etag, known, wait_ms):
-        """Re-read the job every poll interval until it differs from what the client has (its
-        If-None-Match, else what it would have got now), it is terminal, or time is up."""
+    def wait_for_change(self, waiter, body, etag, known, wait_ms):
+        """Wait until the job differs from what the client has (its If-None-Match, else what it
+        would have got now), it is terminal, time is up, or the client has gone away (then the
+        wait stops at once: nothing is read for nobody). The watch wakes the waiter when the
+        job's row changed; only then does it read the whole status again."""
         baseline = known or {etag}
         deadline = time.monotonic() + wait_ms / 1000.0
+        environ = bottle.request.environ
         while etag in baseline and body['lifecycleStatus'] not in TERMINAL:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            time.sleep(min(self.wait_poll_s, remaining))
-            body, etag = self.status_with_etag(*views.find_for_status(job_id))
+            woken = waiter.changed.wait(min(GONE_CHECK_S, remaining))
+            if _client_gone(environ):
+                log_event('http.wait_abandoned', job_id=waiter.job_id, user_id=waiter.user_id)
+                break
+            if self.watch.stopping():
+                break
+            if not woken:
+                continue
+            waiter.changed.clear()
+            with self.store.connection():
+                job, refs = views.find_for_status(waiter.job_id)
+            if job is None:
+                raise JobNotFoundError(waiter.job_id)
+            body, etag = self.status_with_etag(job, refs)
         return body, etag
 
     def status_body(self, job, refs=None):
@@ -497,11 +684,12 @@ def create_app(runtime):
     """The WSGI application for ``runtime``."""
     api = Api(runtime)
     app = bottle.Bottle(catchall=True)
-    app.install(_Guard(runtime.store))
+    app.install(_Guard(runtime.store, runtime.config.request_timeout_ms / 1000.0))
     app.default_error_handler = _bottle_error
+    app.aijob_api = api  # the server reaches the watch through it
     routes = (
         ('POST', '/api/ai/jobs', api.create_job, True),
-        ('GET', '/api/ai/jobs/<job_id>', api.get_job, True),
+        ('GET', '/api/ai/jobs/<job_id>', api.get_job, False),  # takes its own connections
         ('GET', '/api/ai/jobs/<job_id>/artifacts', api.get_artifacts, True),
         ('POST', '/api/ai/jobs/<job_id>/cancel', api.cancel_job, True),
         ('GET', '/admin-api/ai/jobs', api.admin_list_jobs, True),

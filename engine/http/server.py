@@ -2,11 +2,24 @@
 (one worker process that also runs the engine: dispatcher, worker pools and housekeeping).
 
 Each gunicorn worker builds its own Runtime after the fork, so no database connection or Redis
-socket is shared across processes. ``serve`` keeps a single process with threads because its
-in-memory queue lives in that process.
+socket is shared across processes. ``serve`` keeps a single process because its in-memory queue
+lives in that process.
+
+Both run gunicorn's ``gevent`` worker class (architecture decision 11): the worker monkey-patches
+the standard library when it starts, so every connection is a greenlet and pymysql, redis-py,
+``time.sleep`` and the threading primitives cooperate. A long poll, a slow body or an idle
+keep-alive connection then costs a greenlet, not a thread, and never stops ``/healthz``. In
+``serve`` the engine's threads (dispatcher, worker pools, housekeeping) are greenlets of the same
+hub: everything they wait on (the store, Redis, the provider's HTTP, sleeps, locks) is patched.
+The ``worker`` process is not gunicorn and keeps real threads.
 """
 
+import gc
 import json
+import math
+import signal
+import socket
+import time
 
 import gunicorn.util
 from gunicorn.app.base import BaseApplication
@@ -21,12 +34,18 @@ from ..core.errors import (
 )
 from ..core.logs import configure as configure_logging
 from ..core.logs import gunicorn_logconfig, log_event
+from ..core.models import database
 from ..runtime import Runtime
 from .app import create_app
 from .auth import TokenStore
 
-# A long poll (?waitMs=) holds a thread up to 30 s; gunicorn must not kill a worker for it.
-REQUEST_TIMEOUT_S = 60
+# gunicorn's worker timeout: with gevent, the worker's heartbeat only stops when its hub is
+# blocked this long (a long poll or a slow client is a greenlet and never blocks it).
+WORKER_TIMEOUT_S = 60
+# An idle keep-alive connection, or one still sending its request headers, is closed after this.
+KEEPALIVE_S = 5
+# Connections one worker holds beyond its long polls (plain requests, slow and idle clients).
+SPARE_CONNECTIONS = 1000
 
 
 # gunicorn's own refusals (a request it cannot parse) by status, as the API's errors.
@@ -56,6 +75,80 @@ def write_json_error(sock, status_int, reason, mesg):
         'Content-Length: %d\r\n\r\n' % (status_int, reason, len(body))
     )
     gunicorn.util.write_nonblock(sock, head.encode('latin-1') + body)
+    _drain_before_close(sock)
+
+
+def _drain_before_close(sock, limit_s=1.0, limit_bytes=1 << 20):
+    """gunicorn closes the socket next, with the rest of the refused request still unread, and
+    such a close sends a reset that can destroy the answer before the client reads it. So: end
+    our side, then read (and drop) what the client still sends until it closes, for a moment
+    at most. Under gevent this waits in the connection's own greenlet."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(limit_s)
+        deadline = time.monotonic() + limit_s
+        received = 0
+        while received < limit_bytes and time.monotonic() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += len(chunk)
+    except OSError:
+        pass
+
+
+def greenlet_locals():
+    """Make the request state of bottle and the connection state of peewee local to a greenlet.
+
+    gunicorn's gevent worker patches the standard library when the worker starts, but bottle and
+    peewee were imported earlier (in the master) and made their ``threading.local`` state then,
+    from the real ``threading.local``: every greenlet of the worker would share one bottle
+    request and one database connection. Remade now, after the patch, each greenlet has its own
+    (and each real thread still its own). Both versions are pinned in requirements.txt; this
+    fails loudly if their names ever change."""
+    from gevent import monkey
+
+    if not monkey.is_module_patched('threading'):
+        return
+    import threading
+
+    import bottle
+    import peewee
+
+    bottle.LocalRequest.environ = bottle._local_property()
+    for name in ('_status_line', '_status_code', '_cookies', '_headers', 'body'):
+        if not isinstance(getattr(bottle.LocalResponse, name), property):
+            raise RuntimeError('bottle.LocalResponse.%s is not a local property' % name)
+        setattr(bottle.LocalResponse, name, bottle._local_property())
+    # Databases made from now on (the worker's own, below) take this state class.
+    peewee._ConnectionLocal = type(
+        '_ConnectionLocal', (peewee._ConnectionState, threading.local), {}
+    )
+
+
+def resolve_lazy_objects():
+    """In the master, before the fork: gevent's patch in each worker checks every live object
+    for locks (``isinstance``), which makes lazy proxies (openai's module clients) import what
+    they stand for: 2 s per worker, during which a worker would miss a SIGTERM (it still has the
+    master's handlers). Done once here, each worker's patch takes a fraction of a second."""
+
+    class _Nothing:
+        pass
+
+    for obj in gc.get_objects():
+        isinstance(obj, _Nothing)
+
+
+def _early_signals(server, worker):
+    """Right after the fork: a worker has the master's signal handlers until it installs its
+    own, after gevent's patch; a SIGTERM in between would be lost and the worker would serve on
+    until the master kills it. Caught here, it stops the worker as soon as it runs."""
+
+    def stop(signum, frame):
+        worker.alive = False
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, stop)
 
 
 class AijobGunicorn(BaseApplication):
@@ -64,6 +157,7 @@ class AijobGunicorn(BaseApplication):
         self.options = options
         self.with_background = with_background
         self.runtime = None
+        self.worker = None
         super().__init__()
 
     def load_config(self):
@@ -72,14 +166,29 @@ class AijobGunicorn(BaseApplication):
         # gunicorn's workers look this up at each error, so the replacement covers every worker.
         gunicorn.util.write_error = write_json_error
         self.cfg.set('worker_exit', self._worker_exit)
+        self.cfg.set('post_fork', self._post_fork)
 
     def load(self):
-        """Runs in each worker process, after the fork."""
+        """Runs in each worker process, after the fork (and after gevent patched it)."""
         configure_logging()
+        greenlet_locals()
+        # serve's setup in the master made the database object (and its pool's locks) before
+        # gevent patched threading: a greenlet blocked on one of those real locks would stop the
+        # whole hub. The worker makes its own.
+        database.initialize(None)
         self.runtime = Runtime(self.config, role='serve' if self.with_background else 'web')
         if self.with_background:
             self.runtime.start_background()
-        return create_app(self.runtime)
+        app = create_app(self.runtime)
+        app.aijob_api.watch.stopping = self._stopping
+        return app
+
+    def _post_fork(self, server, worker):
+        self.worker = worker
+        _early_signals(server, worker)
+
+    def _stopping(self):
+        return self.worker is not None and not self.worker.alive
 
     def _worker_exit(self, server, worker):
         if self.runtime is not None:
@@ -87,15 +196,17 @@ class AijobGunicorn(BaseApplication):
             self.runtime.close()
 
 
-def gunicorn_options(config, host, port, workers, threads):
+def gunicorn_options(config, host, port, workers, threads=None):
+    """gunicorn's settings for ``web`` and ``serve``. ``threads`` is ignored (the gevent worker
+    has none); it stays for callers that still pass AIJOB_WEB_THREADS."""
     return {
         'bind': '%s:%d' % (host, port),
         'workers': workers,
-        'worker_class': 'gthread',
-        'threads': threads,
-        'timeout': REQUEST_TIMEOUT_S,
+        'worker_class': 'gevent',
+        'worker_connections': config.max_waiters + SPARE_CONNECTIONS,
+        'timeout': WORKER_TIMEOUT_S,
         'graceful_timeout': config.shutdown_grace_ms // 1000 + 5,
-        'keepalive': 5,
+        'keepalive': max(1, min(KEEPALIVE_S, math.ceil(config.request_timeout_ms / 1000))),
         'accesslog': None,
         'logconfig_dict': gunicorn_logconfig(),
         'proc_name': 'aijob',
@@ -107,7 +218,8 @@ def gunicorn_options(config, host, port, workers, threads):
 def run_web(config, host, port, workers):
     """``python aijob.py web``: the API only; workers run nothing in the background."""
     configure_logging()
-    options = gunicorn_options(config, host, port, workers, config.web_threads)
+    options = gunicorn_options(config, host, port, workers)
+    resolve_lazy_objects()
     AijobGunicorn(config, options).run()
 
 
@@ -135,5 +247,6 @@ def run_serve(config, host, port):
     print('development admin token (user dev-admin, SUPER_ADMIN):', flush=True)
     print(token, flush=True)
     log_event('serve.starting', url=url)
-    options = gunicorn_options(config, host, port, 1, config.web_threads)
+    options = gunicorn_options(config, host, port, 1)
+    resolve_lazy_objects()
     AijobGunicorn(config, options, with_background=True).run()

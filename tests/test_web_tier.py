@@ -1,0 +1,184 @@
+"""The web tier holds (issue 10, item 1), against real `python aijob.py serve` processes (gevent
+worker, embedded SQLite): slow bodies get 408 while /healthz answers; hundreds of long polls cost
+no thread; the per-user cap answers 429 TOO_MANY_WAITERS; a client that leaves stops its poll."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.test_api_serve import ROOT, free_port, http, wait_healthy
+
+BOUND_S = 5.0  # generous: "answers promptly", not a latency figure (benchmarks/slow_clients.py)
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """start(**env) → (base url, port, admin token, stderr path) of a running serve."""
+    procs = []
+
+    def start(**extra):
+        port = free_port()
+        env = dict(os.environ, AIJOB_PORT=str(port), AIJOB_DATABASE_URL='sqlite:///aijob.db')
+        env['AIJOB_SHUTDOWN_GRACE_MS'] = '2000'  # running 60 s jobs are handed back at the end
+        env.pop('AIJOB_REDIS_URL', None)
+        env.update(extra)
+        log_path = tmp_path / ('serve-%d.log' % port)
+        log = open(log_path, 'w')
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, 'aijob.py'), 'serve'],
+            cwd=str(tmp_path),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+        procs.append((proc, log))
+        token = [proc.stdout.readline().strip() for _ in range(3)][-1]
+        base = 'http://127.0.0.1:%d' % port
+        wait_healthy(base, proc)
+        return base, port, token, log_path
+
+    yield start
+    for proc, log in procs:
+        proc.terminate()
+        assert proc.wait(30) == 0
+        proc.stdout.close()
+        log.close()
+
+
+def timed(method, url, token=None):
+    started = time.monotonic()
+    response = http(method, url, token)
+    return response, time.monotonic() - started
+
+
+def create(base, token, input_):
+    response = http(
+        'POST',
+        base + '/api/ai/jobs',
+        token,
+        {'jobType': 'synthetic', 'targetType': 'note', 'targetId': 'n1', 'input': input_},
+    )
+    assert response.status == 201, response.body
+    return response.json['jobId']
+
+
+def running_etag(base, token, job_id):
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        response = http('GET', base + '/api/ai/jobs/%s?waitMs=500' % job_id, token)
+        if response.json['lifecycleStatus'] == 'running':
+            return response.headers['etag']
+    raise AssertionError('job %s never ran' % job_id)
+
+
+def open_poll(port, token, job_id, wait_ms=30000, etag=None):
+    """A long poll sent on a raw socket and left waiting; read it later with read_answer."""
+    sock = socket.create_connection(('127.0.0.1', port), timeout=60)
+    head = 'GET /api/ai/jobs/%s?waitMs=%d HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n' % (
+        job_id,
+        wait_ms,
+        token,
+    )
+    if etag:
+        head += 'If-None-Match: %s\r\n' % etag
+    sock.sendall((head + 'Connection: close\r\n\r\n').encode('latin-1'))
+    return sock
+
+
+def read_answer(sock):
+    """(status, headers text, body bytes) of the one answer on ``sock`` (closed by the server)."""
+    chunks = []
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    sock.close()
+    head, _, body = b''.join(chunks).partition(b'\r\n\r\n')
+    return int(head.split()[1]), head.decode('latin-1').lower(), body
+
+
+def test_slow_bodies_get_408_while_healthz_answers(serve):
+    base, port, token, _ = serve(AIJOB_REQUEST_TIMEOUT_MS='3000')
+    slow = []
+    for _ in range(8):  # what froze serve: headers, Content-Length: 500, 11 body bytes, held
+        sock = socket.create_connection(('127.0.0.1', port), timeout=30)
+        sock.sendall(
+            (
+                'POST /api/ai/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n'
+                'Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{"jobType":' % token
+            ).encode('latin-1')
+        )
+        slow.append(sock)
+    started = time.monotonic()
+    for _ in range(3):
+        response, took = timed('GET', base + '/healthz')
+        assert response.status == 200 and took < BOUND_S
+    response, took = timed('GET', base + '/api/ai/credentials', token)
+    assert response.status == 200 and took < BOUND_S
+    for sock in slow:
+        status, head, body = read_answer(sock)
+        assert status == 408 and 'application/json' in head
+        assert json.loads(body)['error']['code'] == 'REQUEST_TIMEOUT'
+    assert 2.5 < time.monotonic() - started < 20  # after the timeout, not never
+
+
+def test_300_long_polls_leave_healthz_and_plain_gets_answering(serve):
+    base, port, token, _ = serve(AIJOB_MAX_WAITERS_PER_USER='1000')
+    job_id = create(base, token, {'sleepMs': 8000})
+    etag = running_etag(base, token, job_id)
+    polls = [open_poll(port, token, job_id, etag=etag) for _ in range(300)]
+    time.sleep(1.0)  # all of them are in the server, waiting
+    for _ in range(5):
+        response, took = timed('GET', base + '/healthz')
+        assert response.status == 200 and took < BOUND_S
+        response, took = timed('GET', base + '/api/ai/jobs/' + job_id, token)
+        assert response.status == 200 and took < BOUND_S
+        assert response.json['lifecycleStatus'] == 'running'
+    # Every poll was waiting (no 429, no early answer) and wakes on the job's change.
+    answers = [read_answer(sock) for sock in polls]
+    assert [status for status, _, _ in answers] == [200] * 300
+    assert {json.loads(body)['lifecycleStatus'] for _, _, body in answers} == {'succeeded'}
+
+
+def test_the_per_user_cap_answers_429_and_clients_that_leave_free_their_slots(serve, tmp_path):
+    base, port, token, log_path = serve(AIJOB_MAX_WAITERS_PER_USER='3')
+    job_id = create(base, token, {'sleepMs': 60000})
+    polls = [open_poll(port, token, job_id) for _ in range(3)]
+    time.sleep(1.0)
+    response = http('GET', base + '/api/ai/jobs/%s?waitMs=30000' % job_id, token)
+    assert response.status == 429 and response.json['error']['code'] == 'TOO_MANY_WAITERS'
+    assert response.headers['retry-after'] == '1'
+    # Without waitMs nothing is capped.
+    assert http('GET', base + '/api/ai/jobs/' + job_id, token).status == 200
+    # Another user has slots of their own.
+    other = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'aijob.py'), 'token', 'create', '--user', 'erin'],
+        cwd=str(tmp_path),
+        env=dict(os.environ, AIJOB_DATABASE_URL='sqlite:///aijob.db', AIJOB_REDIS_URL=''),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.split()[-1]
+    their_job = create(base, other, {'sleepMs': 60000})
+    assert http('GET', base + '/api/ai/jobs/%s?waitMs=200' % their_job, other).status == 200
+    # The three clients go away: their polls stop (not after 30 s) and free the slots.
+    for sock in polls:
+        sock.close()
+    deadline = time.monotonic() + BOUND_S
+    while True:
+        response = http('GET', base + '/api/ai/jobs/%s?waitMs=100' % job_id, token)
+        if response.status != 429:
+            break
+        assert time.monotonic() < deadline, 'the abandoned polls kept their slots'
+        time.sleep(0.2)
+    assert response.status == 200
+    with open(log_path) as log:
+        events = [json.loads(line).get('event') for line in log if line.startswith('{')]
+    assert events.count('http.wait_abandoned') == 3
