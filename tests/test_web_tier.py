@@ -182,3 +182,39 @@ def test_the_per_user_cap_answers_429_and_clients_that_leave_free_their_slots(se
     with open(log_path) as log:
         events = [json.loads(line).get('event') for line in log if line.startswith('{')]
     assert events.count('http.wait_abandoned') == 3
+
+
+def test_web_long_polls_wake_on_a_change_made_elsewhere(backend, make_runtime, tmp_path):
+    """`web`, 2 gevent workers: 200 polls held on a queued job, /healthz answering, then a
+    cancel (through whichever worker) wakes every poll within a few poll intervals."""
+    runtime = make_runtime()
+    with runtime.store.connection():
+        from engine.http.auth import TokenStore
+
+        token = TokenStore(runtime.store).create('wendy')
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, 'aijob.py'), 'web', '--port', str(port)]
+        + ['--workers', '2'],
+        cwd=str(tmp_path),
+        env=dict(os.environ, **backend.env(AIJOB_MAX_WAITERS_PER_USER='1000')),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = 'http://127.0.0.1:%d' % port
+        wait_healthy(base, proc)
+        job_id = create(base, token, {})  # no worker runs: it stays queued
+        polls = [open_poll(port, token, job_id) for _ in range(200)]
+        time.sleep(1.0)
+        response, took = timed('GET', base + '/healthz')
+        assert response.status == 200 and took < BOUND_S
+        assert http('POST', base + '/api/ai/jobs/%s/cancel' % job_id, token).status == 200
+        started = time.monotonic()
+        answers = [read_answer(sock) for sock in polls]
+        assert time.monotonic() - started < BOUND_S
+        assert [status for status, _, _ in answers] == [200] * 200
+        assert {json.loads(body)['lifecycleStatus'] for _, _, body in answers} == {'cancelled'}
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
