@@ -18,9 +18,10 @@ ERROR_NOTES = {
     401: 'the bearer token is missing, malformed, unknown or revoked',
     403: 'the endpoint is for SUPER_ADMIN only',
     404: "also for another user's job (never 403 for a job); NOT_FOUND for an unknown path",
+    408: 'the body did not arrive within AIJOB_REQUEST_TIMEOUT_MS',
     413: 'the body is over AIJOB_MAX_BODY_BYTES',
     422: 'the idempotency key was used before with a different request',
-    429: 'see Retry-After',
+    429: 'see Retry-After; TOO_MANY_WAITERS: too many waitMs requests held at once',
     500: 'nothing else is said',
     503: 'see Retry-After; CREDENTIAL_STORAGE_UNAVAILABLE: no credential master key is configured',
 }
@@ -312,7 +313,7 @@ def _job_paths():
                             _ref('JobStatusResponse'),
                         ),
                     },
-                    **_errors(400, 401, 413, 415, 422, 429, 503),
+                    **_errors(400, 401, 408, 413, 415, 422, 429, 503),
                 ),
             }
         },
@@ -344,7 +345,7 @@ def _job_paths():
                         ),
                         '304': {'description': 'Unchanged since the ETag in If-None-Match.'},
                     },
-                    **_errors(400, 401, 404, 503),
+                    **_errors(400, 401, 404, 429, 503),
                 ),
             }
         },
@@ -430,7 +431,7 @@ def _credential_and_usage_paths():
                 },
                 'responses': dict(
                     {'201': _json('Registered; only the mask is returned.', _ref('Credential'))},
-                    **_errors(400, 401, 413, 415, 503),
+                    **_errors(400, 401, 408, 413, 415, 503),
                 ),
             },
             'get': {
