@@ -55,6 +55,11 @@ def test_without_a_master_key_registering_is_503(api):  # ``api`` has no master 
     assert UserModelCredential.select().count() == 0
 
 
+def test_without_a_master_key_a_bad_body_is_still_400_first(api):
+    response = api.a.post(CREDENTIALS, {'provider': 'deepseek'})
+    assert response.status == 400 and response.json['error']['field'] == 'apiKey'
+
+
 def test_admin_usage_totals_per_user_and_per_job_type(live_api):
     job_id = live_api.a.post(JOBS, job_body(input={'output': {'x': 1}})).json['jobId']
     poll_until(live_api.a, job_id, {'succeeded'})

@@ -57,9 +57,10 @@ class CredentialStore:
         return self._aead is not None
 
     def register(self, user_id, provider, api_key):
-        """Encrypt and keep ``api_key`` for ``user_id``; returns its CredentialInfo."""
-        aead = self._require_aead()
+        """Encrypt and keep ``api_key`` for ``user_id``; returns its CredentialInfo. A bad
+        request is a 400 whether or not this server can store keys (then 503)."""
         _validate(provider, api_key)
+        aead = self._require_aead()
         credential_id = new_id()
         nonce = os.urandom(NONCE_BYTES)
         sealed = aead.encrypt(
