@@ -103,9 +103,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     config = Config.from_env()
     configure_logging()
-    options = gunicorn_options(
-        config, args.host, args.port, args.workers or config.web_workers, config.web_threads
-    )
+    options = gunicorn_options(config, args.host, args.port, args.workers or config.web_workers)
     FloorGunicorn(config.database_url, options).run()
 
 

@@ -268,13 +268,6 @@ SETTINGS = (
         'gunicorn worker processes of `web` when --workers is not given.',
     ),
     Setting(
-        'AIJOB_WEB_THREADS',
-        '8',
-        positive_int,
-        'Threads per gunicorn worker (each holds at most one database connection, so keep '
-        'it at or below AIJOB_DB_POOL_SIZE).',
-    ),
-    Setting(
         'AIJOB_MAX_ACTIVE_JOBS_PER_USER',
         '100',
         non_negative_int,

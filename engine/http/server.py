@@ -196,9 +196,8 @@ class AijobGunicorn(BaseApplication):
             self.runtime.close()
 
 
-def gunicorn_options(config, host, port, workers, threads=None):
-    """gunicorn's settings for ``web`` and ``serve``. ``threads`` is ignored (the gevent worker
-    has none); it stays for callers that still pass AIJOB_WEB_THREADS."""
+def gunicorn_options(config, host, port, workers):
+    """gunicorn's settings for ``web`` and ``serve`` (and the benchmarks' floor app)."""
     return {
         'bind': '%s:%d' % (host, port),
         'workers': workers,
