@@ -78,3 +78,54 @@ def private_mariadb(tmp_path):
     server.start()
     yield server
     server.stop()
+
+
+class PrivateRedis:
+    """``start()``/``stop()`` a redis-server without persistence on a free port below 55536: a
+    restart comes back empty, as a Redis without persistence does."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.port = free_port()
+        while self.port >= 55536:
+            self.port = free_port()
+        self.process = None
+
+    @property
+    def url(self):
+        return 'redis://127.0.0.1:%d/0' % self.port
+
+    def start(self, timeout_s=30):
+        import redis
+
+        self.process = subprocess.Popen(
+            ['redis-server', '--port', str(self.port), '--bind', '127.0.0.1']
+            + ['--save', '', '--appendonly', 'no', '--dir', str(self.folder)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                redis.Redis(port=self.port, socket_connect_timeout=1).ping()
+                return
+            except redis.RedisError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+        self.process = None
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    if not shutil.which('redis-server'):
+        pytest.skip('no redis-server binary on this machine')
+    server = PrivateRedis(tmp_path)
+    server.start()
+    yield server
+    server.stop()
