@@ -210,7 +210,9 @@ def test_kill_9_of_a_worker_every_2_s_loses_nothing_and_commits_nothing_twice(
         live = [procs.worker(), procs.worker()]
         with runtime.store.connection():
             ids = [
-                create_job(runtime, user_id='k%d' % (i % 50), target_id=str(i), input={}).id
+                create_job(
+                    runtime, user_id='k%d' % (i % 50), target_id=str(i), input={'sleepMs': 60}
+                ).id
                 for i in range(KILL_JOBS)
             ]
         started, kills = time.monotonic(), 0
