@@ -28,7 +28,7 @@ def test_two_dispatchers_over_a_thousand_events_push_each_once(engine_rt):
 
     def drive(i):
         with engine_rt.store.connection():
-            while engine_rt.outbox.find_dispatchable(1):
+            while OutboxEvent.select().where(OutboxEvent.status == PENDING).exists():
                 published[i] += dispatchers[i].cycle()
 
     threads = [threading.Thread(target=drive, args=(i,)) for i in range(2)]
@@ -50,7 +50,7 @@ def test_two_dispatchers_over_a_thousand_events_push_each_once(engine_rt):
 def test_a_lost_claim_is_skipped(engine_rt):
     [job] = pending_jobs(engine_rt, 1)
     event = OutboxEvent.get(OutboxEvent.aggregate_id == job.id)
-    assert engine_rt.outbox.mark_processing(event.id, 'someone-else')
+    assert [e.id for e in engine_rt.outbox.claim_batch('someone-else')] == [event.id]
     assert engine_rt.dispatcher.cycle() == 0
     assert engine_rt.queue.depth('ai-interactive') == 0
 
@@ -106,7 +106,7 @@ def test_a_queue_outage_hands_events_back_without_burning_attempts(engine_rt):
 def test_a_dispatcher_that_died_after_its_claim_is_covered(engine_rt):
     [job] = pending_jobs(engine_rt, 1)
     event = OutboxEvent.get(OutboxEvent.aggregate_id == job.id)
-    engine_rt.outbox.mark_processing(event.id, 'crashed')  # claimed, never pushed
+    assert [e.id for e in engine_rt.outbox.claim_batch('crashed')] == [event.id]  # never pushed
     engine_rt.start_background()  # releases after the TTL
     assert wait_terminal(engine_rt, job.id).lifecycle_status == 'succeeded'
 

@@ -120,7 +120,6 @@ def test_a_zombie_cannot_finish_a_job_taken_over(runtime):
     for write in (
         lambda: repo.mark_succeeded(job.id, fence=zombie),
         lambda: repo.mark_failed(job.id, ProviderError('x'), fence=zombie),
-        lambda: repo.extend_lock(job.id, zombie),
         lambda: repo.set_progress(job.id, zombie, 50),
     ):
         with pytest.raises(JobLockConflictError):
@@ -139,10 +138,24 @@ def test_heartbeat_extends_the_lock_and_reports_a_cancel_request(runtime):
     repo = runtime.lifecycle
     job = repo.lock_job(create_job(runtime).id, 'worker-1', lock_ttl_ms=1000)
     fence = Fence('worker-1', job.attempt_no)
-    extended = repo.extend_lock(job.id, fence, lock_ttl_ms=60_000)
-    assert extended.lock_until > job.lock_until and extended.cancel_requested_at is None
+    holders = repo.extend_locks([job.id], 'worker-1', lock_ttl_ms=60_000)
+    assert holders == {job.id: ('running', 'worker-1', fence.attempt_no, None)}
+    assert repo.get(job.id).lock_until > job.lock_until
     repo.mark_cancelled(job.id)  # owner cancels a running job
-    assert repo.extend_lock(job.id, fence).cancel_requested_at is not None
+    [(_, _, _, cancel_requested_at)] = repo.extend_locks([job.id], 'worker-1').values()
+    assert cancel_requested_at is not None
+
+
+def test_a_zombie_heartbeat_extends_nothing_and_sees_the_new_holder(runtime):
+    repo = runtime.lifecycle
+    job = create_job(runtime)
+    first = repo.lock_job(job.id, 'worker-1', lock_ttl_ms=1)
+    time.sleep(0.02)
+    second = repo.lock_job(job.id, 'worker-2', lock_ttl_ms=60_000)
+    before = repo.get(job.id).lock_until
+    holders = repo.extend_locks([job.id], 'worker-1', lock_ttl_ms=120_000)
+    assert holders[job.id][1:3] == ('worker-2', second.attempt_no) != ('worker-1', first.attempt_no)
+    assert repo.get(job.id).lock_until == before
 
 
 def test_cancel_while_running_is_a_request_until_the_engine_finishes_it(runtime):

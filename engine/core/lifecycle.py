@@ -19,7 +19,7 @@ from .errors import (
     JobNotFoundError,
 )
 from .models import AiJob, AiJobSnapshot
-from .sql import Statement, job_from_row, placeholders
+from .sql import Statement, job_from_row, placeholders, statement
 
 
 class Status(str, Enum):
@@ -121,29 +121,17 @@ LOCK_JOB = (
     "WHERE id = %s AND (lifecycle_status = 'queued' OR (lifecycle_status = 'running' "
     'AND lock_until < {now} AND cancel_requested_at IS NULL AND ({attempts_left})))'
 )
-# Progress never goes back: a retried call or a takeover starts its own count again from 0.
-SET_PROGRESS = Statement(
-    'UPDATE ai_job SET progress = CASE WHEN progress < %s THEN %s ELSE progress END, '
-    'updated_at = {now} '
-    "WHERE id = %s AND lifecycle_status = 'running' AND locked_by = %s AND attempt_no = %s"
-)
 CANCELLED_VALUES = {'error_code': 'CANCELLED', 'public_error_message': 'The job was cancelled.'}
-_FINISH_STATEMENTS = {}
+# Held jobs per heartbeat statement (a bound on the statement's size and its IN list).
+EXTEND_BATCH = 500
 
 
-def _finish_statement(columns, fence_sql, extra_condition):
-    """running → terminal for the fence holder, setting ``columns``; made once per shape."""
-    key = (columns, fence_sql, extra_condition)
-    if key not in _FINISH_STATEMENTS:
-        sets = ''.join('%s = %%s, ' % name for name in columns)
-        where = "id = %%s AND lifecycle_status = 'running' AND %s" % fence_sql
-        if extra_condition:
-            where += ' AND ' + extra_condition
-        _FINISH_STATEMENTS[key] = Statement(
-            'UPDATE ai_job SET lifecycle_status = %%s, %sfinished_at = {now}, lock_until = NULL, '
-            'updated_at = {now} WHERE %s' % (sets, where)
-        )
-    return _FINISH_STATEMENTS[key]
+def _fenced_update(sets, fence_sql, extra_condition=None):
+    """``UPDATE ai_job SET <sets>`` for one running job, only while ``fence_sql`` holds."""
+    where = "id = %%s AND lifecycle_status = 'running' AND %s" % fence_sql
+    if extra_condition:
+        where += ' AND ' + extra_condition
+    return statement('UPDATE ai_job SET %s WHERE %s' % (sets, where))
 
 
 def is_legal(from_status, to_status):
@@ -157,11 +145,8 @@ class Fence:
     instance_id: str
     attempt_no: int
 
-    def condition(self, store):
-        return (AiJob.locked_by == self.instance_id) & (AiJob.attempt_no == self.attempt_no)
-
     def sql(self, store):
-        """The same condition as plain SQL: (text, parameters)."""
+        """The condition as plain SQL: (text, parameters)."""
         return 'locked_by = %s AND attempt_no = %s', (self.instance_id, self.attempt_no)
 
 
@@ -172,11 +157,6 @@ class ExpiredLockFence:
 
     attempt_no: int
     expired_for_ms: int
-
-    def condition(self, store):
-        return (AiJob.attempt_no == self.attempt_no) & (
-            AiJob.lock_until < store.now_plus_ms(-self.expired_for_ms)
-        )
 
     def sql(self, store):
         return 'attempt_no = %s AND lock_until < {now_plus}', (
@@ -191,7 +171,14 @@ class AiJobLifecycleRepository:
         self.lock_ttl_ms = lock_ttl_ms
         # Locks a job may take in all, per queue (contracts §3.1 "attempts"); takeovers stop there.
         self.queue_attempts = dict(queue_attempts or {'ai-interactive': 2, 'ai-background': 3})
-        self._lock = None
+        # The lock CAS; its takeover clause depends on the queues' attempt limits.
+        attempts_left = ' OR '.join(
+            "(queue_name = '%s' AND attempt_no < %d)" % (name, count)
+            for name, count in sorted(self.queue_attempts.items())
+        )
+        self._lock_statement = Statement(
+            LOCK_JOB.replace('{attempts_left}', attempts_left or 'FALSE')
+        )
 
     # ------------------------------------------------------------ create
     def create_job(
@@ -266,60 +253,55 @@ class AiJobLifecycleRepository:
         job = job_from_row(RUN_COLUMNS, row[:-1])
         return job, AiJobSnapshot.content.python_value(row[-1])
 
-    def extend_lock(self, job_id, fence, lock_ttl_ms=None):
-        """Heartbeat: push ``lock_until`` forward. Returns the job (the caller checks
-        ``cancel_requested_at``); raises JobLockConflictError if the fence no longer holds."""
-        changed = (
-            AiJob.update(
-                {
-                    AiJob.lock_until: self.store.now_plus_ms(lock_ttl_ms or self.lock_ttl_ms),
-                }
+    def extend_locks(self, job_ids, instance_id, lock_ttl_ms=None):
+        """Heartbeat: push ``lock_until`` forward for every running job of ``job_ids`` that
+        ``instance_id`` holds, EXTEND_BATCH jobs per UPDATE, then read back who holds each
+        (one SELECT per batch). Returns {job id: (status, locked_by, attempt_no,
+        cancel_requested_at)}; the caller compares each attempt's own fence. The UPDATE matches
+        on the instance, not on attempt numbers: a row it extends is held by this instance
+        either way."""
+        ttl = self.store.ms_param(lock_ttl_ms or self.lock_ttl_ms)
+        holders = {}
+        for start in range(0, len(job_ids), EXTEND_BATCH):
+            ids = list(job_ids[start : start + EXTEND_BATCH])
+            marks = placeholders(len(ids))
+            self.store.execute(
+                statement(
+                    'UPDATE ai_job SET lock_until = {now_plus} WHERE id IN (%s) '
+                    "AND lifecycle_status = 'running' AND locked_by = %%s" % marks
+                ),
+                [ttl] + ids + [instance_id],
             )
-            .where(
-                (AiJob.id == job_id)
-                & (AiJob.lifecycle_status == RUNNING)
-                & fence.condition(self.store)
-            )
-            .execute()
-        )
-        if not changed:
-            raise JobLockConflictError(job_id, 'lock lost')
-        return self.get(job_id)
+            rows = self.store.execute(
+                statement(
+                    'SELECT id, lifecycle_status, locked_by, attempt_no, cancel_requested_at '
+                    'FROM ai_job WHERE id IN (%s)' % marks
+                ),
+                ids,
+            ).fetchall()
+            holders.update((row[0], tuple(row[1:])) for row in rows)
+        return holders
 
     def release_lock(self, job_id, fence):
         """Let the lock expire now (a stopping worker hands the job back); the job stays
         running, and the next worker to pop it takes it over (architecture decision 4)."""
-        changed = (
-            AiJob.update({AiJob.lock_until: self.store.now()})
-            .where(
-                (AiJob.id == job_id)
-                & (AiJob.lifecycle_status == RUNNING)
-                & fence.condition(self.store)
-            )
-            .execute()
-        )
-        if not changed:
-            raise JobLockConflictError(job_id, 'lock lost')
+        self._fenced(job_id, fence, 'lock_until = {now}')
 
     def set_progress(self, job_id, fence, progress):
-        """Record progress (0–100) of a running job; only its lock holder may."""
+        """Record progress (0–100) of a running job; only its lock holder may. It never goes
+        back: a retried call or a takeover starts its own count again from 0."""
         progress = max(0, min(100, int(progress)))
-        params = (progress, progress, job_id) + fence.sql(self.store)[1]
-        if self.store.execute(SET_PROGRESS, params).rowcount != 1:
-            raise JobLockConflictError(job_id, 'lock lost')
+        sets = 'progress = CASE WHEN progress < %s THEN %s ELSE progress END, updated_at = {now}'
+        self._fenced(job_id, fence, sets, (progress, progress))
 
     def count_retry(self, job_id, fence):
         """The engine starts another attempt of the provider call (``retry_count`` + 1)."""
-        changed = (
-            AiJob.update({AiJob.retry_count: AiJob.retry_count + 1})
-            .where(
-                (AiJob.id == job_id)
-                & (AiJob.lifecycle_status == RUNNING)
-                & fence.condition(self.store)
-            )
-            .execute()
-        )
-        if not changed:
+        self._fenced(job_id, fence, 'retry_count = retry_count + 1')
+
+    def _fenced(self, job_id, fence, sets, set_params=()):
+        fence_sql, fence_params = fence.sql(self.store)
+        update = _fenced_update(sets, fence_sql)
+        if self.store.execute(update, set_params + (job_id,) + fence_params).rowcount != 1:
             raise JobLockConflictError(job_id, 'lock lost')
 
     # ------------------------------------------------------------ terminal states
@@ -449,24 +431,19 @@ class AiJobLifecycleRepository:
         return self.queue_attempts.get(queue_name, 1)
 
     # ------------------------------------------------------------ internals
-    @property
-    def _lock_statement(self):
-        """The lock CAS; its takeover clause depends on the queues' attempt limits."""
-        if self._lock is None:
-            attempts = ' OR '.join(
-                "(queue_name = '%s' AND attempt_no < %d)" % (name, count)
-                for name, count in sorted(self.queue_attempts.items())
-            )
-            self._lock = Statement(LOCK_JOB.replace('{attempts_left}', attempts or 'FALSE'))
-        return self._lock
-
     def _finish(self, job_id, to_status, fence, values, extra_condition=None):
         """The fenced running → terminal write; nothing is read back. Raises the refusal when
         the CAS matched nothing."""
         fence_sql, fence_params = fence.sql(self.store)
-        statement = _finish_statement(tuple(values), fence_sql, extra_condition)
+        sets = ''.join('%s = %%s, ' % name for name in values)
+        update = _fenced_update(
+            'lifecycle_status = %%s, %sfinished_at = {now}, lock_until = NULL, '
+            'updated_at = {now}' % sets,
+            fence_sql,
+            extra_condition,
+        )
         params = (to_status,) + tuple(values.values()) + (job_id,) + fence_params
-        if self.store.execute(statement, params).rowcount != 1:
+        if self.store.execute(update, params).rowcount != 1:
             raise self._refusal(job_id, to_status)
 
     def _refusal(self, job_id, to_status, job=None):

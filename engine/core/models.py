@@ -204,7 +204,7 @@ class OutboxEvent(BaseModel):
     class Meta:
         table_name = 'outbox_event'
         indexes = (
-            (('status', 'available_at'), False),  # find_dispatchable
+            (('status', 'available_at'), False),  # claim_batch
             (('status', 'locked_at'), False),  # release_expired_locks
             (('aggregate_id',), False),
         )

@@ -2,7 +2,7 @@
 by compare-and-set before they are pushed to a queue, so a push happens once per claim."""
 
 from .models import OutboxEvent
-from .sql import Statement, placeholders
+from .sql import Statement, placeholders, statement
 from .store import IntegrityError
 
 ENQUEUE_EVENT = 'ai.job.enqueue'
@@ -55,14 +55,14 @@ class OutboxRepository:
         any other. A duplicate ``dedupe_key`` is an idempotent success (contracts §4.2):
         the existing event is returned."""
         assert tx is not None and self.store.in_transaction(), 'outbox writes need a transaction'
-        status = PROCESSING if claimed_by else PENDING
-        values = dict(
+        event = OutboxEvent(
+            __no_default__=True,
             event_type=event_type,
             aggregate_type=aggregate_type,
             aggregate_id=aggregate_id,
             dedupe_key=dedupe_key,
             payload=payload,
-            status=status,
+            status=PROCESSING if claimed_by else PENDING,
             attempt_count=0,
             locked_by=claimed_by,
         )
@@ -81,7 +81,8 @@ class OutboxRepository:
                 cursor = self.store.execute(INSERT_PENDING, params)
         except IntegrityError:
             return OutboxEvent.get(OutboxEvent.dedupe_key == dedupe_key)
-        return OutboxEvent(__no_default__=True, id=cursor.lastrowid, **values)
+        event.id = cursor.lastrowid
+        return event
 
     def claim_batch(self, claimer, limit=100):
         """CAS up to ``limit`` due pending events → processing for ``claimer`` in one statement,
@@ -128,50 +129,12 @@ class OutboxRepository:
     def _batch_update(self, event_ids, claimer, assignments, params=()):
         if not event_ids:
             return 0
-        statement = Statement(
+        update = statement(
             'UPDATE outbox_event SET %s WHERE id IN (%s) AND status = %%s AND locked_by = %%s'
             % (assignments, placeholders(len(event_ids)))
         )
         params = params + tuple(event_ids) + (PROCESSING, claimer)
-        return self.store.execute(statement, params).rowcount
-
-    def find_dispatchable(self, limit=100):
-        """Pending events that are due, oldest first."""
-        return list(
-            OutboxEvent.select()
-            .where((OutboxEvent.status == PENDING) & (OutboxEvent.available_at <= self.store.now()))
-            .order_by(OutboxEvent.id)
-            .limit(limit)
-        )
-
-    def mark_processing(self, event_id, instance_id):
-        """CAS pending → processing. False when another dispatcher claimed it first."""
-        now = self.store.now()
-        return (
-            OutboxEvent.update(
-                {
-                    OutboxEvent.status: PROCESSING,
-                    OutboxEvent.locked_by: instance_id,
-                    OutboxEvent.locked_at: now,
-                    OutboxEvent.updated_at: now,
-                }
-            )
-            .where((OutboxEvent.id == event_id) & (OutboxEvent.status == PENDING))
-            .execute()
-            == 1
-        )
-
-    def mark_published(self, event_id, instance_id):
-        """processing → published, by the claimer only. False if the claim was lost."""
-        return self._update_claimed(
-            event_id,
-            instance_id,
-            {
-                OutboxEvent.status: PUBLISHED,
-                OutboxEvent.locked_by: None,
-                OutboxEvent.locked_at: None,
-            },
-        )
+        return self.store.execute(update, params).rowcount
 
     def mark_failed(self, event_id, instance_id, error, retry_delay_ms=1000):
         """A real rejection: count it; back to pending after ``retry_delay_ms``, or ``dead`` at
@@ -195,20 +158,6 @@ class OutboxRepository:
             OutboxEvent.attempt_count == event.attempt_count,
         )
         return status if changed else None
-
-    def release(self, event_id, instance_id, delay_ms):
-        """Hand a claimed event back without counting an attempt (the queue was unreachable:
-        an outage is not the event's fault)."""
-        return self._update_claimed(
-            event_id,
-            instance_id,
-            {
-                OutboxEvent.status: PENDING,
-                OutboxEvent.locked_by: None,
-                OutboxEvent.locked_at: None,
-                OutboxEvent.available_at: self.store.now_plus_ms(delay_ms),
-            },
-        )
 
     def release_expired_locks(self, ttl_ms=None):
         """processing claims older than the TTL (by the database clock) → pending. Returns how

@@ -42,12 +42,27 @@ class Statement:
         return self.sqlite if dialect == 'sqlite' else self.mysql
 
 
+_MADE = {}
+
+
+def statement(mysql, sqlite=None):
+    """The Statement for this text, made once: for statements whose text depends on their
+    arguments (an IN list's length, a fence's shape, the columns a write sets)."""
+    key = (mysql, sqlite)
+    if key not in _MADE:
+        _MADE[key] = Statement(mysql, sqlite)
+    return _MADE[key]
+
+
+def dialect_of(db):
+    return 'sqlite' if isinstance(db, peewee.SqliteDatabase) else 'mysql'
+
+
 def execute(statement, params=()):
     """Send ``statement`` on the bound database (the one the models use), in this thread's
     connection and transaction; returns the driver cursor."""
     db = database.obj
-    dialect = 'sqlite' if isinstance(db, peewee.SqliteDatabase) else 'mysql'
-    return db.execute_sql(statement.text(dialect), params)
+    return db.execute_sql(statement.text(dialect_of(db)), params)
 
 
 def placeholders(count):

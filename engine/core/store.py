@@ -15,6 +15,7 @@ import peewee
 from playhouse.pool import PooledMySQLDatabase
 from pymysql.constants import SERVER_STATUS
 
+from . import sql
 from .errors import ConfigError, StoreUnavailableError
 from .models import MODELS, database
 
@@ -28,7 +29,7 @@ DoesNotExist = peewee.DoesNotExist
 
 
 # ---------------------------------------------------------------- databases
-class _CommitCounter:
+class _Counter:
     def __init__(self):
         self._lock = threading.Lock()
         self.value = 0
@@ -38,17 +39,17 @@ class _CommitCounter:
             self.value += n
 
 
-COMMITS = _CommitCounter()
+COMMITS = _Counter()
 # Every SQL statement this process sends, BEGIN/COMMIT/ROLLBACK included (for the benchmark).
-STATEMENTS = _CommitCounter()
+STATEMENTS = _Counter()
 
 
 class _CountingMixin:
     """Counts, for the benchmark, commits (explicit COMMITs plus each write in autocommit mode)
     and statements (everything through ``execute_sql``, plus BEGIN, COMMIT and ROLLBACK, which
     peewee sends on its own cursor). Code that runs SQL on the raw driver connection instead
-    counts each statement with ``Store.count_statement()``; a connection-pool ping is no
-    statement and is not counted."""
+    would have to count its statements too; a connection-pool ping is no statement and is not
+    counted."""
 
     def begin(self, *args, **kwargs):
         STATEMENTS.add(2 if kwargs.get('isolation_level') else 1)
@@ -168,7 +169,7 @@ class Store:
             self.db = open_database(url, pool_size)
             self.db.aijob_url = url
             database.initialize(self.db)
-        self.dialect = 'sqlite' if isinstance(self.db, peewee.SqliteDatabase) else 'mysql'
+        self.dialect = sql.dialect_of(self.db)
         self._insert_returns = None
 
     # -- transactions
@@ -190,16 +191,10 @@ class Store:
         """SQL statements this process has sent so far, BEGIN/COMMIT/ROLLBACK included."""
         return STATEMENTS.value
 
-    def count_statement(self, n=1):
-        """Count ``n`` statements sent on the raw driver connection (a hot path that bypasses
-        peewee's ``execute_sql`` calls this once per statement, or with ``n`` for a batch), so
-        that ``statement_count()`` and the benchmark's ``statements_per_job`` stay complete."""
-        STATEMENTS.add(n)
-
     # -- plain SQL (sql.py)
     def execute(self, statement, params=()):
         """Send a ``sql.Statement`` on this thread's connection; returns the driver cursor."""
-        return self.db.execute_sql(statement.text(self.dialect), params)
+        return sql.execute(statement, params)
 
     def insert_returns(self):
         """Can an INSERT return what it wrote (``INSERT … RETURNING``)? SQLite and MariaDB can;

@@ -15,7 +15,6 @@ import time
 from ..core.errors import JobLockConflictError, QueueUnavailableError
 from ..core.lifecycle import RUNNING
 from ..core.logs import log_event
-from ..core.sql import Statement, placeholders
 from ..execution.engine import ExecutionEngine
 
 EXIT_FORCED = 3  # a second SIGTERM/SIGINT: exit now, takeover recovers the jobs
@@ -122,33 +121,24 @@ class Supervisor:
         self.queue = runtime.queue
         self.engine = engine
         self.consumer_id = consumer_id
-        self.store = runtime.store
         self.lock_ttl_ms = runtime.config.lock_ttl_ms
         self.heartbeat_ttl_ms = runtime.config.reap_after_ms
 
     def beat(self):
         """The 30 s heartbeat (contracts §1.7): consumer key, then every held lock — in two
-        statements per BEAT_BATCH jobs however many this worker runs (see ``extend_locks``)."""
+        statements per batch of held jobs however many this worker runs."""
         self.queue.heartbeat(self.consumer_id, self.heartbeat_ttl_ms)
-        attempts = self.engine.held_attempts()
-        for start in range(0, len(attempts), BEAT_BATCH):
-            self.extend_locks(attempts[start : start + BEAT_BATCH])
+        self.extend_locks(self.engine.held_attempts())
 
     def extend_locks(self, attempts):
-        """Push ``lock_until`` forward for every running job this instance holds among
-        ``attempts`` (one fenced UPDATE), then read back who holds each (one SELECT): an attempt
-        whose fence no longer holds (another worker took the job over, or it left ``running``
-        under us) is abandoned, alone; one whose job has a cancel request is told to stop.
-
-        The UPDATE matches on this instance's id, not on each attempt number: a row it extends
-        is held by this instance either way, and the SELECT checks every attempt's own fence."""
+        """Extend the locks of ``attempts`` (lifecycle.extend_locks); an attempt whose fence no
+        longer holds (another worker took the job over, or it left ``running`` under us) is
+        abandoned, alone; one whose job has a cancel request is told to stop."""
         if not attempts:
             return
-        ids = [a.job.id for a in attempts]
-        ttl = self.store.ms_param(self.lock_ttl_ms)
-        self.store.execute(_extend_statement(len(ids)), [ttl] + ids + [self.consumer_id])
-        rows = self.store.execute(_holders_statement(len(ids)), ids).fetchall()
-        holders = {row[0]: row[1:] for row in rows}
+        holders = self.lifecycle.extend_locks(
+            [a.job.id for a in attempts], self.consumer_id, self.lock_ttl_ms
+        )
         for attempt in attempts:
             status, locked_by, attempt_no, cancel_requested_at = holders.get(
                 attempt.job.id, (None, None, None, None)
@@ -326,31 +316,6 @@ class Worker:
         log_event(
             'worker.stopping', signal=signals[0], grace_ms=self.runtime.config.shutdown_grace_ms
         )
-
-
-# Held jobs per heartbeat statement (a bound on the statement's size and its IN list).
-BEAT_BATCH = 500
-_BEAT_STATEMENTS = {}
-
-
-def _extend_statement(count):
-    key = ('extend', count)
-    if key not in _BEAT_STATEMENTS:
-        _BEAT_STATEMENTS[key] = Statement(
-            'UPDATE ai_job SET lock_until = {now_plus} WHERE id IN (%s) '
-            "AND lifecycle_status = 'running' AND locked_by = %%s" % placeholders(count)
-        )
-    return _BEAT_STATEMENTS[key]
-
-
-def _holders_statement(count):
-    key = ('holders', count)
-    if key not in _BEAT_STATEMENTS:
-        _BEAT_STATEMENTS[key] = Statement(
-            'SELECT id, lifecycle_status, locked_by, attempt_no, cancel_requested_at '
-            'FROM ai_job WHERE id IN (%s)' % placeholders(count)
-        )
-    return _BEAT_STATEMENTS[key]
 
 
 class _NoConnection:
