@@ -148,3 +148,15 @@ CREATE TABLE IF NOT EXISTS `api_token` (
   UNIQUE KEY `api_token_token_hash` (`token_hash`),
   KEY `api_token_user_id` (`user_id`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- The transition history (architecture decision 14): one row per lifecycle change of a job.
+CREATE TABLE IF NOT EXISTS `ai_job_event` (
+  `id` BIGINT NOT NULL AUTO_INCREMENT,          -- increasing: the history's order, a stream's cursor
+  `job_id` VARCHAR(36) NOT NULL,
+  `kind` VARCHAR(32) NOT NULL,                  -- created | dispatched | started | taken_over | ...
+  `attempt_no` INTEGER NOT NULL,                -- the job's attempt (lock) when it happened
+  `detail` LONGTEXT NOT NULL,                   -- JSON; engine/core/history.py says who sees what
+  `created_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`id`),
+  KEY `ai_job_event_job_id_id` (`job_id`, `id`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;

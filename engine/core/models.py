@@ -267,6 +267,23 @@ class ApiToken(BaseModel):
         indexes = ((('user_id',), False),)
 
 
+class AiJobEvent(BaseModel):
+    """One lifecycle change of a job (architecture decision 14), written in the transaction that
+    made it. ``id`` increases across the table: the history is read in id order, and a live
+    stream resumes after the last id it sent."""
+
+    id = BigAutoField()
+    job_id = CharField(max_length=36)
+    kind = CharField(max_length=32)
+    attempt_no = IntegerField()
+    detail = JSONText()
+    created_at = Timestamp()
+
+    class Meta:
+        table_name = 'ai_job_event'
+        indexes = ((('job_id', 'id'), False),)
+
+
 MODELS = (
     AiJob,
     AiJobSnapshot,
@@ -276,6 +293,7 @@ MODELS = (
     AiUsageLog,
     UserModelCredential,
     ApiToken,
+    AiJobEvent,
 )
 
 

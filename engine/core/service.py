@@ -15,6 +15,7 @@ from .errors import (
     QuotaExceededError,
     TooManyJobsError,
 )
+from .history import CREATED, DISPATCHED, NewEvent, insert_events
 from .lifecycle import CANCELLED, FAILED, TERMINAL
 from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
 from .outbox import ENQUEUE_EVENT
@@ -140,6 +141,7 @@ class AiJobService:
         self.store.execute(
             INSERT_SNAPSHOT, (job_id, content, self.store.ms_param(self.snapshot_ttl_ms))
         )
+        claimed_by = self.instance_id if self.dispatch_now is not None else None
         event = self.outbox.create_in_transaction(
             tx,
             event_type=ENQUEUE_EVENT,
@@ -147,8 +149,9 @@ class AiJobService:
             aggregate_id=job_id,
             dedupe_key=enqueue_dedupe_key(request, job_id),
             payload=enqueue_payload(job),
-            claimed_by=self.instance_id if self.dispatch_now is not None else None,
+            claimed_by=claimed_by,
         )
+        insert_events(self.store, creation_events(job, claimed_by))
         return job, event
 
     def _find_by_key(self, request):
@@ -222,6 +225,21 @@ class AiJobService:
         if not ids:
             return 0
         return AiJobSnapshot.delete().where(AiJobSnapshot.id.in_(ids)).execute()
+
+
+def creation_events(job, claimed_by):
+    """The history's first rows: ``created``, and ``dispatched`` when this process claimed the
+    outbox event to push it right after commit (architecture decision 6): both in the creating
+    transaction, so the push can never come before its row."""
+    detail = {'queue': job.queue_name, 'priority': job.priority}
+    if job.retry_of_job_id:
+        detail['retryOfJobId'] = job.retry_of_job_id
+    events = [NewEvent(job.id, CREATED, 0, detail)]
+    if claimed_by:
+        events.append(
+            NewEvent(job.id, DISPATCHED, 0, {'queue': job.queue_name, 'dispatcher': claimed_by})
+        )
+    return events
 
 
 def enqueue_payload(job):

@@ -1,0 +1,121 @@
+"""The transition history (architecture decision 14): one ``ai_job_event`` row per lifecycle
+change of a job, written in the transaction that makes the change, and read back in id order.
+
+Writers add their rows through ``insert_events`` (one multi-row INSERT per transaction, whatever
+the number of jobs it changes). Readers get ``JobEvent``s from ``JobHistory``; ``public()`` is
+what a job's owner may see, ``admin()`` everything.
+"""
+
+import datetime
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .models import AiJobEvent
+from .sql import statement
+
+# The kinds of event, in the order a job's life usually runs through them.
+CREATED = 'created'
+DISPATCHED = 'dispatched'  # claimed for a push to its queue, the push following the commit
+STARTED = 'started'  # the first lock: attempt 1, queued → running
+TAKEN_OVER = 'taken_over'  # a later lock of a running job whose lock expired or was handed back
+RETRY_SCHEDULED = 'retry_scheduled'
+PROGRESS = 'progress'  # a milestone: at most one per 10 points of progress and attempt
+CANCEL_REQUESTED = 'cancel_requested'
+SUCCEEDED = 'succeeded'
+FAILED = 'failed'
+CANCELLED = 'cancelled'
+KINDS = (
+    CREATED,
+    DISPATCHED,
+    STARTED,
+    TAKEN_OVER,
+    RETRY_SCHEDULED,
+    PROGRESS,
+    CANCEL_REQUESTED,
+    SUCCEEDED,
+    FAILED,
+    CANCELLED,
+)
+
+# Detail keys only an admin sees: which process did it, and error text not meant for users.
+ADMIN_ONLY = frozenset(('worker', 'dispatcher', 'internalMessage'))
+# Rows per INSERT (a bound on one statement's size).
+INSERT_BATCH = 500
+_INSERT = 'INSERT INTO ai_job_event (job_id, kind, attempt_no, detail, created_at) VALUES '
+_ROW = '(%s, %s, %s, %s, {now})'
+
+
+class NewEvent(NamedTuple):
+    """A row to write: the job, the kind, the job's attempt when it happened, the detail."""
+
+    job_id: str
+    kind: str
+    attempt_no: int
+    detail: dict
+
+
+def insert_events(store, events):
+    """Write ``events`` (NewEvent) inside the caller's transaction, stamped with the database
+    clock: one INSERT for up to INSERT_BATCH rows. Returns how many were written."""
+    events = list(events)
+    assert not events or store.in_transaction(), 'events are written with their change'
+    encode = AiJobEvent.detail.db_value
+    for start in range(0, len(events), INSERT_BATCH):
+        chunk = events[start : start + INSERT_BATCH]
+        params = []
+        for event in chunk:
+            params.extend((event.job_id, event.kind, event.attempt_no, encode(event.detail or {})))
+        store.execute(statement(_INSERT + ', '.join([_ROW] * len(chunk))), params)
+    return len(events)
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One row of a job's history as read back."""
+
+    id: int
+    job_id: str
+    kind: str
+    attempt_no: int
+    detail: dict
+    at: datetime.datetime  # naive UTC, from the database clock
+
+    def admin(self):
+        """Everything, JSON-ready and camelCase."""
+        return self._shape(dict(self.detail))
+
+    def public(self):
+        """What the job's owner may see: no worker or dispatcher ids, no internal messages."""
+        return self._shape({k: v for k, v in self.detail.items() if k not in ADMIN_ONLY})
+
+    def _shape(self, detail):
+        return {
+            'id': self.id,
+            'jobId': self.job_id,
+            'kind': self.kind,
+            'attemptNo': self.attempt_no,
+            'detail': detail,
+            'at': self.at.isoformat(timespec='milliseconds') + 'Z',
+        }
+
+    @classmethod
+    def from_row(cls, row):
+        return cls(row.id, row.job_id, row.kind, row.attempt_no, row.detail or {}, row.created_at)
+
+
+class JobHistory:
+    """Reads the history of one job."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def list(self, job_id, after_id=None, limit=None):
+        """The events of ``job_id`` in the order they were written (id order), only those after
+        ``after_id`` when given, at most ``limit`` when given."""
+        query = AiJobEvent.select().where(AiJobEvent.job_id == job_id)
+        if after_id is not None:
+            query = query.where(AiJobEvent.id > after_id)
+        query = query.order_by(AiJobEvent.id)
+        if limit is not None:
+            query = query.limit(limit)
+        return [JobEvent.from_row(row) for row in query]
