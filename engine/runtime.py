@@ -60,8 +60,10 @@ class Runtime:
         self.ai = build_ai_services(config, self.store)
         self.plugins = load_job_types(config, JobDefinitionRegistry(), self.ai)
         self.registry = registry or self.plugins.registry
-        self.lifecycle = AiJobLifecycleRepository(self.store, lock_ttl_ms=config.lock_ttl_ms)
         self.outbox = OutboxRepository(self.store, lock_ttl_ms=config.outbox_lock_ttl_ms)
+        self.lifecycle = AiJobLifecycleRepository(
+            self.store, lock_ttl_ms=config.lock_ttl_ms, outbox=self.outbox
+        )
         self.service = AiJobService(
             self.store,
             self.registry,
