@@ -13,13 +13,17 @@ from .core.outbox import OutboxRepository
 from .core.registry import JobDefinitionRegistry
 from .core.service import Admission, AiJobService
 from .core.store import Store
+from .core.webhook_urls import UrlPolicy
+from .core.webhooks import WebhookRepository
 from .dispatch.dispatcher import OutboxDispatcher
 from .dispatch.housekeeping import Purger, Reaper, Reconciler
 from .dispatch.memory_queue import MemoryQueue
 from .dispatch.redis_queue import RedisQueue
+from .dispatch.webhooks import WebhookFanout, WebhookSender
 from .dispatch.workers import Worker
 from .execution.plugins import PluginApp, load_plugin
 from .execution.services import build_ai_services
+from .execution.webhook_signing import WebhookSigner
 
 # The job types every process has; they register through the same entry point as users' own.
 BUILTIN_JOB_TYPES = ('engine.jobtypes.synthetic', 'engine.jobtypes.flashcards')
@@ -60,8 +64,10 @@ class Runtime:
         self.ai = build_ai_services(config, self.store)
         self.plugins = load_job_types(config, JobDefinitionRegistry(), self.ai)
         self.registry = registry or self.plugins.registry
-        self.lifecycle = AiJobLifecycleRepository(self.store, lock_ttl_ms=config.lock_ttl_ms)
         self.outbox = OutboxRepository(self.store, lock_ttl_ms=config.outbox_lock_ttl_ms)
+        self.lifecycle = AiJobLifecycleRepository(
+            self.store, lock_ttl_ms=config.lock_ttl_ms, outbox=self.outbox
+        )
         self.service = AiJobService(
             self.store,
             self.registry,
@@ -86,6 +92,24 @@ class Runtime:
         self.reconciler = Reconciler(self.lifecycle, self.queue, after_ms=config.reconcile_after_ms)
         self.purger = Purger(self.service, self.outbox, config.outbox_retention_ms)
         self.service.cancel_signal = self._signal_cancel
+        # Push (architecture decision 15): endpoints and deliveries, their URL rule and
+        # signatures; the loops run where the workers do.
+        self.webhooks = WebhookRepository(self.store)
+        self.webhook_policy = UrlPolicy(config.webhook_allow_http, config.webhook_allow_private)
+        self.webhook_signer = WebhookSigner(config.credential_master_key)
+        self.service.webhooks = self.webhooks
+        self.service.webhook_policy = self.webhook_policy
+        self.webhook_fanout = WebhookFanout(
+            self.outbox, self.webhooks, self.store, self.instance_id
+        )
+        self.webhook_sender = WebhookSender(
+            self.webhooks,
+            self.webhook_signer,
+            self.webhook_policy,
+            self.instance_id,
+            self.store.connection,
+            config,
+        )
         if config.uses_redis:
             # Any process that can reach the shared queue pushes its own new jobs at once
             # (architecture decision 6); with the in-memory queue only a process running

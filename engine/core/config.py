@@ -52,6 +52,15 @@ def non_negative_int(value):
     return number
 
 
+def flag(value):
+    lowered = value.strip().lower()
+    if lowered in ('1', 'true', 'yes', 'on'):
+        return True
+    if lowered in ('0', 'false', 'no', 'off', ''):
+        return False
+    raise ValueError('expected 1 or 0')
+
+
 def port_number(value):
     number = int(value)
     if not 1 <= number <= 65535:
@@ -312,6 +321,52 @@ SETTINGS = (
         positive_int,
         'Most ?waitMs= requests of one user that one web process holds at once '
         '(429 TOO_MANY_WAITERS beyond).',
+    ),
+    # ---- push: webhooks and event streams (architecture decision 15)
+    Setting(
+        'AIJOB_WEBHOOK_ALLOW_HTTP',
+        '0',
+        flag,
+        '1: webhook URLs may use plain http (local development); 0: https only.',
+    ),
+    Setting(
+        'AIJOB_WEBHOOK_ALLOW_PRIVATE',
+        '0',
+        flag,
+        '1: webhook URLs may resolve to loopback, link-local or private addresses (local '
+        'development); 0: refused at registration and at delivery.',
+    ),
+    Setting(
+        'AIJOB_WEBHOOK_TIMEOUT_MS',
+        '10000',
+        positive_int,
+        'A webhook receiver that has not answered within this long fails the attempt.',
+    ),
+    Setting(
+        'AIJOB_WEBHOOK_MAX_ATTEMPTS',
+        '8',
+        positive_int,
+        'Attempts per webhook delivery before it is dead.',
+    ),
+    Setting(
+        'AIJOB_WEBHOOK_RETRY_BASE_MS',
+        '5000',
+        positive_int,
+        'Delay before the first webhook retry; each next one is 5 times longer (with jitter), '
+        'so the default 8 attempts span about a day.',
+    ),
+    Setting(
+        'AIJOB_WEBHOOK_CONCURRENCY',
+        '8',
+        positive_int,
+        "Webhook deliveries one worker process sends at once (their own threads, never the jobs').",
+    ),
+    Setting(
+        'AIJOB_STREAM_MAX_S',
+        '300',
+        positive_int,
+        'Longest a GET /api/ai/jobs/{id}/stream stays open; the client reconnects with '
+        'Last-Event-ID.',
     ),
     # ---- AI providers, credentials, safety and pricing
     Setting(

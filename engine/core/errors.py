@@ -86,6 +86,13 @@ class InvalidInputError(InvalidRequestError):
     code = 'INVALID_INPUT'
 
 
+class WebhookUrlRefusedError(InvalidRequestError):
+    """A webhook URL that is not https (unless allowed), or resolves to a loopback, link-local
+    or private address (unless allowed), or does not resolve at all."""
+
+    code = 'WEBHOOK_URL_REFUSED'
+
+
 class IdempotencyKeyReusedError(AiJobError):
     code = 'IDEMPOTENCY_KEY_REUSED'
     http_status = 422
@@ -226,6 +233,31 @@ class NoSuchEndpointError(HttpError):
     code = 'NOT_FOUND'
     http_status = 404
     public_message = 'No such endpoint.'
+
+
+class WebhookNotFoundError(HttpError):
+    code = 'WEBHOOK_NOT_FOUND'
+    http_status = 404
+    public_message = 'No such webhook endpoint of yours.'
+
+
+class WebhookDeliveryNotFoundError(HttpError):
+    code = 'WEBHOOK_DELIVERY_NOT_FOUND'
+    http_status = 404
+    public_message = 'No such webhook delivery.'
+
+
+class WebhookDeliveryInFlightError(HttpError):
+    code = 'WEBHOOK_DELIVERY_IN_FLIGHT'
+    http_status = 409
+    public_message = 'The delivery is being sent right now; try again once it has an outcome.'
+
+
+class WebhooksUnavailableError(HttpError):
+    code = 'WEBHOOKS_UNAVAILABLE'
+    http_status = 503
+    retry_after_s = 60
+    public_message = 'Webhooks are not enabled on this server (no signing key is configured).'
 
 
 class UnknownCredentialError(HttpError):

@@ -19,6 +19,7 @@ from .errors import (
     JobNotFoundError,
 )
 from .models import AiJob, AiJobSnapshot
+from .outbox import OutboxRepository
 from .sql import Statement, job_from_row, placeholders, statement
 
 
@@ -166,8 +167,11 @@ class ExpiredLockFence:
 
 
 class AiJobLifecycleRepository:
-    def __init__(self, store, lock_ttl_ms=60_000, queue_attempts=None):
+    def __init__(self, store, lock_ttl_ms=60_000, queue_attempts=None, outbox=None):
         self.store = store
+        # Every terminal write adds its ai.job.<status> event in the same transaction
+        # (architecture decision 15).
+        self.outbox = outbox or OutboxRepository(store)
         self.lock_ttl_ms = lock_ttl_ms
         # Locks a job may take in all, per queue (contracts §3.1 "attempts"); takeovers stop there.
         self.queue_attempts = dict(queue_attempts or {'ai-interactive': 2, 'ai-background': 3})
@@ -332,6 +336,12 @@ class AiJobLifecycleRepository:
             return self._finish(
                 job_id, CANCELLED, fence, CANCELLED_VALUES, 'cancel_requested_at IS NOT NULL'
             )
+        if self._in_transaction(lambda tx: self._cancel_queued(tx, job_id)):
+            return self.get(job_id)
+        return self.request_cancel(job_id)
+
+    def _cancel_queued(self, tx, job_id):
+        """queued → cancelled with its terminal event; False if the job was not queued."""
         now = self.store.now()
         values = {
             AiJob.error_code: 'CANCELLED',
@@ -341,13 +351,14 @@ class AiJobLifecycleRepository:
             AiJob.lifecycle_status: CANCELLED,
             AiJob.updated_at: now,
         }
-        if (
+        changed = (
             AiJob.update(values)
             .where((AiJob.id == job_id) & (AiJob.lifecycle_status == QUEUED))
             .execute()
-        ):
-            return self.get(job_id)
-        return self.request_cancel(job_id)
+        )
+        if changed:
+            self.outbox.create_terminal_event(tx, job_id, CANCELLED)
+        return bool(changed)
 
     def request_cancel(self, job_id):
         """Set ``cancel_requested_at`` on a running job (idempotent). Returns the job."""
@@ -443,8 +454,22 @@ class AiJobLifecycleRepository:
             extra_condition,
         )
         params = (to_status,) + tuple(values.values()) + (job_id,) + fence_params
-        if self.store.execute(update, params).rowcount != 1:
-            raise self._refusal(job_id, to_status)
+
+        def write(tx):
+            if self.store.execute(update, params).rowcount != 1:
+                raise self._refusal(job_id, to_status)
+            self.outbox.create_terminal_event(tx, job_id, to_status)
+
+        self._in_transaction(write)
+
+    def _in_transaction(self, work):
+        """``work(tx)`` in the caller's transaction (the PROJECT transaction of a success, or
+        a group commit), else in one of its own: a terminal status never commits without its
+        event, nor an event without its status."""
+        if self.store.in_transaction():
+            return work(True)
+        with self.store.atomic() as tx:
+            return work(tx)
 
     def _refusal(self, job_id, to_status, job=None):
         """Why a CAS toward ``to_status`` matched nothing, as the error to raise."""

@@ -6,6 +6,12 @@ from .sql import Statement, placeholders, statement
 from .store import IntegrityError
 
 ENQUEUE_EVENT = 'ai.job.enqueue'
+# Written with the transition that makes a job terminal (contracts §4.1, decision 15).
+TERMINAL_EVENTS = {
+    'succeeded': 'ai.job.succeeded',
+    'failed': 'ai.job.failed',
+    'cancelled': 'ai.job.cancelled',
+}
 PENDING, PROCESSING, PUBLISHED, FAILED, DEAD = (
     'pending',
     'processing',
@@ -25,20 +31,35 @@ _CLAIM_SET = (
     "UPDATE outbox_event SET status = 'processing', locked_by = %s, locked_at = {now}, "
     'updated_at = {now} WHERE '
 )
-_DUE = "status = 'pending' AND available_at <= {now} ORDER BY id LIMIT %s"
-# MySQL updates with ORDER BY … LIMIT; SQLite (without that compile option) through the ids.
-CLAIM_BATCH = Statement(
-    _CLAIM_SET + _DUE, _CLAIM_SET + 'id IN (SELECT id FROM outbox_event WHERE ' + _DUE + ')'
-)
-ANY_DUE = Statement(
-    "SELECT id FROM outbox_event WHERE status = 'pending' AND available_at <= {now} LIMIT 1"
-)
+_DUE = "status = 'pending' AND available_at <= {now} AND event_type %s (%s)"
 SELECT_CLAIMED = Statement(
     'SELECT id, event_type, payload, attempt_count FROM outbox_event '
     "WHERE status = 'processing' AND locked_by = %s"
 )
+
+
+class ClaimStatements:
+    """The claim of the events of some types (or, ``exclude``, of all other types): the terminal
+    events go to the webhook fan-out (architecture decision 15), every other to the dispatcher
+    (which marks an unknown type published, contracts §4.4); each loop claims only its own."""
+
+    def __init__(self, event_types, exclude=False):
+        names = ', '.join("'%s'" % name for name in event_types)
+        due = _DUE % ('NOT IN' if exclude else 'IN', names)
+        batch = due + ' ORDER BY id LIMIT %s'
+        # MySQL updates with ORDER BY … LIMIT; SQLite (without that compile option) via the ids.
+        self.claim = Statement(
+            _CLAIM_SET + batch,
+            _CLAIM_SET + 'id IN (SELECT id FROM outbox_event WHERE ' + batch + ')',
+        )
+        self.any_due = Statement('SELECT id FROM outbox_event WHERE ' + due + ' LIMIT 1')
+
+
 INSERT_PENDING = Statement(_INSERT.format(values="'pending'", claim='NULL, NULL'))
 INSERT_CLAIMED = Statement(_INSERT.format(values="'processing'", claim='%s, {now}'))
+
+TERMINAL_CLAIM = ClaimStatements(tuple(TERMINAL_EVENTS.values()))
+ENQUEUE_CLAIM = ClaimStatements(tuple(TERMINAL_EVENTS.values()), exclude=True)
 
 
 class OutboxRepository:
@@ -84,13 +105,28 @@ class OutboxRepository:
         event.id = cursor.lastrowid
         return event
 
-    def claim_batch(self, claimer, limit=100):
+    def create_terminal_event(self, tx, job_id, status):
+        """The ``ai.job.<status>`` event of a job that just became terminal, in the transaction
+        that made it so: a rolled-back attempt leaves none, and the dedupe key (one per job and
+        event) makes a job that commits once have exactly one."""
+        event_type = TERMINAL_EVENTS[status]
+        return self.create_in_transaction(
+            tx,
+            event_type=event_type,
+            aggregate_type='AiJob',
+            aggregate_id=job_id,
+            dedupe_key='%s:%s' % (event_type, job_id),
+            payload={'jobId': job_id, 'lifecycleStatus': status},
+        )
+
+    def claim_batch(self, claimer, limit=100, statements=ENQUEUE_CLAIM):
         """CAS up to ``limit`` due pending events → processing for ``claimer`` in one statement,
         then read exactly those (``claimer`` is unique to this claim). Events another dispatcher
-        claimed first are simply not matched (contracts §4.3: a lost claim is skipped)."""
-        if self.store.execute(ANY_DUE).fetchone() is None:
+        claimed first are simply not matched (contracts §4.3: a lost claim is skipped).
+        ``statements`` chooses the event types (ENQUEUE_CLAIM or TERMINAL_CLAIM)."""
+        if self.store.execute(statements.any_due).fetchone() is None:
             return []  # the usual idle poll: a read, not a write (and a commit) of nothing
-        if self.store.execute(CLAIM_BATCH, (claimer, limit)).rowcount == 0:
+        if self.store.execute(statements.claim, (claimer, limit)).rowcount == 0:
             return []
         rows = self.store.execute(SELECT_CLAIMED, (claimer,)).fetchall()
         payload = OutboxEvent.payload.python_value

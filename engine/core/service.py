@@ -22,6 +22,7 @@ from .outbox import ENQUEUE_EVENT
 from .registry import first_error
 from .sql import Statement
 from .store import IntegrityError
+from .webhook_urls import UrlPolicy, check_url
 
 OVERRIDE_FIELDS = (
     'priority',
@@ -54,6 +55,7 @@ class CreateJobInput:
     idempotency_key: Optional[str] = None
     overrides: dict = field(default_factory=dict)
     retry_of_job_id: Optional[str] = None
+    webhook_url: Optional[str] = None  # pushed to when the job is terminal (decision 15)
 
 
 class CreateResult(NamedTuple):
@@ -89,10 +91,22 @@ class AiJobService:
         # cancel_signal(job_id): the fast path telling a running job's worker to stop (the
         # ``job:cancel:{jobId}`` key); the database flag stays the source of truth.
         self.cancel_signal = cancel_signal
+        # A job's own webhookUrl: checked by the webhook URL rule, kept as an endpoint of that
+        # job (architecture decision 15). Set by the runtime.
+        self.webhooks = None
+        self.webhook_policy = UrlPolicy()
 
-    def create_job(self, request):
+    def check_request(self, request):
+        """Validate a creation request as create_job would, writing nothing; returns its
+        definition and normalised overrides."""
         definition = self.registry.get(request.job_type)
         overrides = validate_request(definition, request)
+        if request.webhook_url is not None:
+            check_url(request.webhook_url, self.webhook_policy, field='webhookUrl')
+        return definition, overrides
+
+    def create_job(self, request):
+        definition, overrides = self.check_request(request)
         fingerprint = request_fingerprint(request, overrides)
         if request.idempotency_key is not None:
             existing = self._find_by_key(request)
@@ -152,6 +166,8 @@ class AiJobService:
             claimed_by=claimed_by,
         )
         insert_events(self.store, creation_events(job, claimed_by))
+        if request.webhook_url is not None:
+            self.webhooks.create_endpoint(request.user_id, request.webhook_url, job_id=job_id)
         return job, event
 
     def _find_by_key(self, request):
@@ -259,16 +275,18 @@ def enqueue_dedupe_key(request, job_id):
 
 
 def request_fingerprint(request, overrides):
-    """What makes two creations "the same request" for idempotency (architecture decision 7)."""
-    return canonical_hash(
-        {
-            'jobType': request.job_type,
-            'targetType': request.target_type,
-            'targetId': request.target_id,
-            'input': request.input,
-            'overrides': overrides,
-        }
-    )
+    """What makes two creations "the same request" for idempotency (architecture decision 7);
+    a webhookUrl counts only when given, so the fingerprints of requests without one stay."""
+    fields = {
+        'jobType': request.job_type,
+        'targetType': request.target_type,
+        'targetId': request.target_id,
+        'input': request.input,
+        'overrides': overrides,
+    }
+    if request.webhook_url is not None:
+        fields['webhookUrl'] = request.webhook_url
+    return canonical_hash(fields)
 
 
 # ---------------------------------------------------------------- request validation

@@ -16,6 +16,7 @@ from ..core.errors import JobLockConflictError, QueueUnavailableError
 from ..core.lifecycle import RUNNING
 from ..core.logs import log_event
 from ..execution.engine import ExecutionEngine
+from .webhooks import run_webhooks
 
 EXIT_FORCED = 3  # a second SIGTERM/SIGINT: exit now, takeover recovers the jobs
 
@@ -200,6 +201,23 @@ class Worker:
             )
         )
         self.threads[-1].start()
+        # Webhooks on a thread of their own, sending from their own bounded pool: a slow
+        # receiver never takes a job thread or delays the dispatcher.
+        self.threads.append(
+            threading.Thread(
+                target=run_webhooks,
+                args=(
+                    rt.webhook_fanout,
+                    rt.webhook_sender,
+                    self.stop_event,
+                    conn,
+                    config.outbox_poll_ms / 1000.0,
+                ),
+                name='webhooks',
+                daemon=True,
+            )
+        )
+        self.threads[-1].start()
         self.threads.append(
             run_every(
                 'heartbeat',
@@ -278,6 +296,7 @@ class Worker:
                 pool.join(hand_back_deadline)
         self.stop_event.set()
         self.runtime.dispatcher.wake.set()
+        self.runtime.webhook_sender.wake.set()
         for thread in self.threads:
             thread.join(2.0)
         log_event(

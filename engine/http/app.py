@@ -47,6 +47,8 @@ from . import params as admin_jobs
 from . import views
 from .auth import TokenStore, bearer_token
 from .openapi import build_openapi
+from .openapi_push import push_paths, push_schemas
+from .webhook_views import WebhookEndpoints
 
 JSON_TYPE = 'application/json'
 MAX_JSON_DEPTH = 64
@@ -54,7 +56,15 @@ TOO_DEEP = 'The request body is nested deeper than %d levels.' % MAX_JSON_DEPTH
 _SURROGATE = re.compile('[\ud800-\udfff]')
 MAX_WAIT_MS = 30_000
 USAGE_GROUPS = {'user': 'user', 'jobType': 'job_type'}
-CREATE_FIELDS = ('jobType', 'targetType', 'targetId', 'input', 'idempotencyKey', 'overrides')
+CREATE_FIELDS = (
+    'jobType',
+    'targetType',
+    'targetId',
+    'input',
+    'idempotencyKey',
+    'overrides',
+    'webhookUrl',
+)
 
 INTERNAL_MESSAGE = 'Internal error.'
 WATCH_CHUNK = 500  # job ids per batched re-read of the waiters' jobs
@@ -347,6 +357,7 @@ def create_request(principal, body, header_key):
         input=body.get('input', {}),
         idempotency_key=header_key if header_key is not None else body_key,
         overrides=body.get('overrides') or {},
+        webhook_url=body.get('webhookUrl'),
     )
 
 
@@ -464,7 +475,8 @@ class Api:
             runtime.config.max_waiters,
             runtime.config.max_waiters_per_user,
         )
-        self.openapi = build_openapi(runtime.registry)
+        self.openapi = build_openapi(runtime.registry, push_paths(), push_schemas())
+        self.push = WebhookEndpoints(runtime)
 
     # -- auth
     def caller(self):
@@ -501,6 +513,9 @@ class Api:
         request = create_request(principal, body, _idempotency_key())
         if not self.runtime.registry.get(request.job_type).api_creatable:
             raise UnknownJobTypeError(request.job_type)  # internal-only types stay unlisted
+        if request.webhook_url is not None and not self.push.signer.enabled:
+            self.runtime.service.check_request(request)  # a bad body is a 400 all the same
+            self.push.require_signer()
         result = self.runtime.service.create_job(request)
         job = result.job
         if result.created:
@@ -642,6 +657,37 @@ class Api:
         log_event('credential.deleted', credential_id=credential_id, user_id=principal.user_id)
         return bottle.HTTPResponse(status=204)
 
+    # -- webhooks (architecture decision 15); the secret is shown once, at creation
+    def create_webhook(self):
+        principal = self.caller()
+        endpoint = self.push.create(principal.user_id, _json_body(self.max_body_bytes))
+        log_event(
+            'webhook.registered', endpoint_id=endpoint['webhookId'], user_id=principal.user_id
+        )
+        return reply(endpoint, 201)
+
+    def list_webhooks(self):
+        return reply(self.push.list(self.caller().user_id))
+
+    def delete_webhook(self, webhook_id):
+        principal = self.caller()
+        self.push.delete(principal.user_id, webhook_id)
+        log_event('webhook.deleted', endpoint_id=webhook_id, user_id=principal.user_id)
+        return bottle.HTTPResponse(status=204)
+
+    def webhook_job_secret(self):
+        return reply(self.push.job_secret(self.caller().user_id))
+
+    def admin_list_deliveries(self):
+        self.admin()
+        return reply(self.push.list_deliveries(_query()))
+
+    def admin_redeliver(self, delivery_id):
+        self.admin()
+        delivery = self.push.redeliver(delivery_id)
+        log_event('webhook.redeliver', delivery_id=delivery_id)
+        return reply(delivery)
+
     def admin_usage(self):
         self.admin()
         since, until, group_by = usage_query(_query(), self.store.clock())
@@ -698,6 +744,17 @@ def create_app(runtime):
         ('GET', '/api/ai/credentials', api.list_credentials, True),
         ('DELETE', '/api/ai/credentials/<credential_id>', api.delete_credential, True),
         ('GET', '/admin-api/ai/usage', api.admin_usage, True),
+        ('POST', '/api/ai/webhooks', api.create_webhook, True),
+        ('GET', '/api/ai/webhooks', api.list_webhooks, True),
+        ('GET', '/api/ai/webhooks/job-secret', api.webhook_job_secret, True),
+        ('DELETE', '/api/ai/webhooks/<webhook_id>', api.delete_webhook, True),
+        ('GET', '/admin-api/ai/webhook-deliveries', api.admin_list_deliveries, True),
+        (
+            'POST',
+            '/admin-api/ai/webhook-deliveries/<delivery_id>/redeliver',
+            api.admin_redeliver,
+            True,
+        ),
         ('GET', '/healthz', api.healthz, False),
         ('GET', '/readyz', api.readyz, False),
         ('GET', '/openapi.json', api.openapi_document, False),

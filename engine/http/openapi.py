@@ -23,7 +23,8 @@ ERROR_NOTES = {
     422: 'the idempotency key was used before with a different request',
     429: 'see Retry-After; TOO_MANY_WAITERS: too many waitMs requests held at once',
     500: 'nothing else is said',
-    503: 'see Retry-After; CREDENTIAL_STORAGE_UNAVAILABLE: no credential master key is configured',
+    503: 'see Retry-After; CREDENTIAL_STORAGE_UNAVAILABLE, WEBHOOKS_UNAVAILABLE: no credential '
+    'master key is configured',
 }
 ERROR_CODES = {
     status: ', '.join(codes) + ('; ' + ERROR_NOTES[status] if status in ERROR_NOTES else '')
@@ -155,6 +156,13 @@ def _schemas(job_types):
                     'type': 'string',
                     'maxLength': 255,
                     'description': 'Or the Idempotency-Key header.',
+                },
+                'webhookUrl': {
+                    'type': 'string',
+                    'maxLength': 2048,
+                    'description': 'POSTed the terminal status, signed with the secret of '
+                    'GET /api/ai/webhooks/job-secret; https, public addresses only '
+                    '(WEBHOOK_URL_REFUSED otherwise).',
                 },
                 'overrides': {
                     'type': 'object',
