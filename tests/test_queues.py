@@ -125,3 +125,120 @@ def test_redis_errors_become_the_engines_own_error():
         with pytest.raises(QueueUnavailableError):
             call()
     assert not issubclass(QueueUnavailableError, redis.RedisError)
+
+
+# ---------------------------------------------------------------- sharded Redis queues
+@pytest.fixture
+def sharded():
+    """``sharded(n)``: RedisQueues with n shards over one key prefix (one deployment)."""
+    require_servers('redis')
+    prefix = 'aijob-test-shards-%d' % time.monotonic_ns()
+    made = []
+
+    def make(shards):
+        made.append(RedisQueue(REDIS_URL, prefix=prefix, shards=shards))
+        return made[-1]
+
+    yield make
+    for q in made:
+        q.close()
+    delete_redis_keys(prefix)
+
+
+def ids_in(queue, tag, count, start=0, queue_name='ai-interactive'):
+    """``count`` job ids whose messages ``queue`` puts in shard ``tag``."""
+    found, n = [], start
+    while len(found) < count:
+        if queue.tag_of(message('j%d' % n, queue_name=queue_name)) == tag:
+            found.append('j%d' % n)
+        n += 1
+    return found
+
+
+def shard_lengths(queue, queue_name='ai-interactive'):
+    return {
+        tag: sum(queue.redis.llen(key) for key in queue._bands(tag))
+        for tag in queue.shard_tags(queue_name)
+    }
+
+
+def test_one_shard_keeps_the_unsharded_key_names(sharded):
+    q = sharded(1)
+    q.push(message('j1'))
+    assert q.redis.llen('%s:{ai-interactive}:band:1' % q.prefix) == 1
+
+
+def test_jobs_spread_over_four_shards_and_each_is_popped_once(sharded):
+    q = sharded(4)
+    ids = ['j%d' % i for i in range(200)]
+    for i, job_id in enumerate(ids):
+        q.push(message(job_id, queue_name=('ai-interactive', 'ai-background')[i % 2]))
+    for queue_name in ('ai-interactive', 'ai-background'):
+        lengths = shard_lengths(q, queue_name)
+        assert sorted(lengths) == ['%s:%d' % (queue_name, i) for i in range(4)]
+        assert min(lengths.values()) >= 10, lengths  # a stable hash spreads the ids
+    popped = [d.message.job_id for d in drain(q) + drain(q, queue_name='ai-background')]
+    assert sorted(popped) == sorted(ids)
+
+
+def test_a_busy_shard_does_not_starve_the_others(sharded):
+    q = sharded(4)
+    for job_id in ids_in(q, 'ai-interactive:0', 30):
+        q.push(message(job_id))
+    few = [ids_in(q, 'ai-interactive:%d' % s, 2) for s in (1, 2, 3)]
+    for job_id in sum(few, []):
+        q.push(message(job_id))
+    first = [q.pop('ai-interactive', 'c1', 0.1).message.job_id for _ in range(8)]
+    assert set(sum(few, [])) <= set(first)  # each sweep starts at the next shard
+
+
+def test_priority_bands_hold_within_a_shard(sharded):
+    q = sharded(4)
+    low, normal, high = ids_in(q, 'ai-interactive:2', 3)
+    for job_id, priority in ((low, 90), (normal, 50), (high, 0)):
+        q.push(message(job_id, priority))
+    assert [d.message.job_id for d in drain(q)] == [high, normal, low]
+
+
+def test_a_push_to_any_shard_wakes_a_blocked_pop(sharded):
+    q = sharded(4)
+    [late] = ids_in(q, 'ai-interactive:3', 1)
+    threading.Timer(0.2, lambda: q.push(message(late))).start()
+    began = time.monotonic()
+    delivery = q.pop('ai-interactive', 'c1', timeout_s=10)
+    assert delivery.message.job_id == late and time.monotonic() - began < 2
+
+
+def test_going_from_four_shards_to_two_loses_nothing(sharded):
+    before, after = sharded(4), sharded(2)
+    ids = ['j%d' % i for i in range(40)]
+    for job_id in ids:
+        before.push(message(job_id))
+    assert all(shard_lengths(before)[t] for t in ('ai-interactive:2', 'ai-interactive:3'))
+    # A consumer of the old deployment dies holding a message of shard 3.
+    before.heartbeat('old-consumer', ttl_ms=50)
+    [held] = ids_in(before, 'ai-interactive:3', 1)
+    while True:
+        delivery = before.pop('ai-interactive', 'old-consumer', 0.1)
+        if delivery.message.job_id == held:
+            break
+        before.release(delivery)
+    # The new deployment sees every message, those in shards it no longer pushes to included.
+    assert after.depth('ai-interactive') == 39 and after.in_flight('ai-interactive') == 1
+    assert after.has_entry(message(held))
+    time.sleep(0.1)
+    assert after.recover_orphans() == 1
+    popped = drain(after, consumer='new-consumer')
+    assert sorted(d.message.job_id for d in popped) == sorted(ids)
+    for delivery in popped:
+        after.ack(delivery)
+    assert (after.depth('ai-interactive'), after.in_flight('ai-interactive')) == (0, 0)
+    assert not after.has_entry(message(held))
+
+
+def test_going_from_one_shard_to_four_drains_the_unsharded_lists(sharded):
+    before, after = sharded(1), sharded(4)
+    ids = ['j%d' % i for i in range(10)]
+    for job_id in ids:
+        before.push(message(job_id))
+    assert sorted(d.message.job_id for d in drain(after)) == sorted(ids)

@@ -61,6 +61,20 @@ def flag(value):
     raise ValueError('expected 1 or 0')
 
 
+def shard_count(value):
+    number = int(value)
+    if not 1 <= number <= 256:
+        raise ValueError('expected a whole number, 1-256')
+    return number
+
+
+def lease_ms(value):
+    number = int(value)
+    if number < 300:
+        raise ValueError('expected milliseconds, 300 or more')
+    return number
+
+
 def port_number(value):
     number = int(value)
     if not 1 <= number <= 65535:
@@ -172,6 +186,21 @@ SETTINGS = (
     ),
     Setting(
         'AIJOB_REDIS_PREFIX', 'aijob', key_prefix, 'Prefix of every Redis key this service writes.'
+    ),
+    Setting(
+        'AIJOB_QUEUE_SHARDS',
+        '1',
+        shard_count,
+        "Redis lists (hash tags) each queue is spread over, a job's shard chosen from its id; "
+        'raise it to spread a queue over the nodes of a Redis Cluster. Changing it loses '
+        'nothing: consumers drain the shards of the old count too.',
+    ),
+    Setting(
+        'AIJOB_LEADER_LEASE_MS',
+        '15000',
+        lease_ms,
+        'The housekeeping lease (reaper, reconciler, outbox polling, purge run on one worker '
+        'at a time): renewed every third of it; a dead leader is replaced after it expires.',
     ),
     Setting(
         'AIJOB_DEFINITIONS',

@@ -99,6 +99,10 @@ class MemoryQueue(Queue):
         with self._lock:
             return sum(len(band) for band in self._bands[queue_name])
 
+    def in_flight(self, queue_name):
+        with self._lock:
+            return sum(len(raws) for (q, _), raws in self._processing.items() if q == queue_name)
+
     def epoch(self):
         with self._lock:
             return self._epoch

@@ -82,6 +82,7 @@ class Delivery:
     message: Message
     raw: str
     consumer_id: str
+    source: str = ''  # the backend's note of where it took the message from (a Redis shard)
 
 
 class Queue:
@@ -137,6 +138,14 @@ class Queue:
 
     def cancel_signalled(self, job_ids):
         """The subset of ``job_ids`` with a live cancel signal."""
+        raise NotImplementedError
+
+    def depth(self, queue_name):
+        """Messages waiting in a queue (not being processed), over all its shards."""
+        raise NotImplementedError
+
+    def in_flight(self, queue_name):
+        """Messages of a queue held in consumers' processing lists, over all its shards."""
         raise NotImplementedError
 
     def ping(self):

@@ -1,14 +1,22 @@
 """The Redis-list queue: reliable pops into a per-consumer processing list, priority bands, an
 idempotent push, orphan recovery and the cancel fast path, each an atomic Lua script.
 
-Every key is ``{prefix}:{queue}:…`` with the queue as hash tag, so each script's keys share one
-slot (architecture decision 5). Redis errors stop at this edge as QueueUnavailableError.
+A queue is spread over AIJOB_QUEUE_SHARDS shards, each with its own hash tag: every key of a
+shard is ``{prefix}:{tag}:…``, so each script's keys share one slot (architecture decisions 5 and
+13) and the shards of a queue spread over a Redis Cluster's nodes. One shard keeps the unsharded
+tag (the queue's name), so a deployment upgraded in place keeps its messages. Redis errors stop at
+this edge as QueueUnavailableError.
 """
 
+import itertools
 import os
+import threading
 import time
+import zlib
+from dataclasses import dataclass
 
 import redis
+from redis.cluster import RedisCluster
 
 from ..core.errors import QueueUnavailableError
 from ..core.registry import QUEUE_NAMES
@@ -84,14 +92,36 @@ return moved
 """
 
 MARKER_TTL_S = 7 * 24 * 3600
+# Every process re-adds its shards to the queue's registry this often, so a registry lost with
+# Redis's data comes back; consumers re-read it this often to find shards to drain.
+REGISTER_EVERY_S = 30.0
+DISCOVER_EVERY_S = 2.0
+# A cluster refuses a BLPOP over keys of several slots: an idle consumer watches one shard's wake
+# list this long, then the next one.
+CLUSTER_WAIT_SLICE_S = 0.25
+
+
+@dataclass(frozen=True)
+class _Discovery:
+    """A queue's shards beyond the configured ones, as last read from its registry."""
+
+    expires: float  # monotonic
+    extra: tuple  # every other tag some process registered
+    draining: tuple  # those of them still holding waiting messages
 
 
 class RedisQueue(Queue):
-    """Redis lists. Every key starts with one prefix and, per queue, a hash tag
-    (``aijob:{ai-interactive}:…``) so a queue's keys share a Redis Cluster slot."""
+    """Redis lists. Every key starts with one prefix and, per queue shard, a hash tag
+    (``aijob:{ai-interactive}:…`` with one shard, ``aijob:{ai-interactive:3}:…`` with several) so
+    a shard's keys share a Redis Cluster slot."""
 
-    def __init__(self, url, prefix='aijob'):
+    def __init__(self, url, prefix='aijob', shards=1):
         self.prefix = prefix
+        self.shards = shards
+        self._rotation = itertools.count()  # where the next pop starts, so no shard starves
+        self._registered_at = None
+        self._discovered = {}  # queue -> _Discovery
+        self._discover_lock = threading.Lock()
         self.redis = redis.Redis.from_url(
             url,
             socket_timeout=10,
@@ -105,18 +135,37 @@ class RedisQueue(Queue):
         self._release = self.redis.register_script(_RELEASE)
         self._recover = self.redis.register_script(_RECOVER)
 
-    # -- keys
-    def _key(self, queue_name, *parts):
-        return ':'.join((self.prefix, '{%s}' % queue_name) + parts)
+    # -- shards and keys
+    def shard_tags(self, queue_name):
+        """The hash tags of a queue's configured shards: the queue's name alone with one shard
+        (the key names of an unsharded deployment), else ``queue:0`` … ``queue:N-1``."""
+        if self.shards == 1:
+            return [queue_name]
+        return ['%s:%d' % (queue_name, i) for i in range(self.shards)]
 
-    def _bands(self, queue_name):
-        return [self._key(queue_name, 'band', str(b)) for b in range(BANDS)]
+    def tag_of(self, message):
+        """A job's shard, from its id: the same in every process with the same shard count."""
+        if self.shards == 1:
+            return message.queue_name
+        shard = zlib.crc32(message.job_id.encode('utf-8')) % self.shards
+        return '%s:%d' % (message.queue_name, shard)
 
-    def _processing(self, queue_name, consumer_id):
-        return self._key(queue_name, 'processing', consumer_id)
+    def _key(self, tag, *parts):
+        return ':'.join((self.prefix, '{%s}' % tag) + parts)
 
-    def _marker(self, message):
-        return self._key(message.queue_name, 'job', message.queue_job_id)
+    def _bands(self, tag):
+        return [self._key(tag, 'band', str(b)) for b in range(BANDS)]
+
+    def _processing(self, tag, consumer_id):
+        return self._key(tag, 'processing', consumer_id)
+
+    def _marker(self, tag, message):
+        return self._key(tag, 'job', message.queue_job_id)
+
+    def _registry(self, queue_name):
+        """The set of every shard tag a process has pushed to or consumed from (its own slot:
+        only ever read alone)."""
+        return '%s:shards:%s' % (self.prefix, queue_name)
 
     def heartbeat_key(self, consumer_id):
         return '%s:worker:heartbeat:%s' % (self.prefix, consumer_id)
@@ -124,17 +173,66 @@ class RedisQueue(Queue):
     def cancel_key(self, job_id):
         return '%s:job:cancel:%s' % (self.prefix, job_id)
 
+    def _register(self):
+        """Add this process's shards to the queues' registries (at most every
+        REGISTER_EVERY_S), so consumers configured with fewer shards find them and drain
+        them."""
+        now = time.monotonic()
+        if self._registered_at is not None and now < self._registered_at + REGISTER_EVERY_S:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for queue_name in QUEUE_NAMES:
+            pipe.sadd(self._registry(queue_name), *self.shard_tags(queue_name))
+        pipe.execute()
+        self._registered_at = now
+
+    def _discover(self, queue_name):
+        """The queue's registered shards beyond the configured ones, re-read every
+        DISCOVER_EVERY_S: all of them (recovery, markers, counts) and those still holding
+        waiting messages (which consumers drain)."""
+        found = self._discovered.get(queue_name)
+        if found is not None and time.monotonic() < found.expires:
+            return found
+        with self._discover_lock:  # one thread reads; the others use its answer
+            found = self._discovered.get(queue_name)
+            if found is None or time.monotonic() >= found.expires:
+                found = self._read_registry(queue_name)
+                self._discovered[queue_name] = found
+        return found
+
+    def _read_registry(self, queue_name):
+        configured = set(self.shard_tags(queue_name))
+        extra = sorted(set(self.redis.smembers(self._registry(queue_name))) - configured)
+        draining = ()
+        if extra:
+            lengths = self._lengths([band for tag in extra for band in self._bands(tag)])
+            draining = tuple(
+                tag for i, tag in enumerate(extra) if sum(lengths[i * BANDS : (i + 1) * BANDS])
+            )
+        return _Discovery(time.monotonic() + DISCOVER_EVERY_S, tuple(extra), draining)
+
+    def _all_tags(self, queue_name):
+        return self.shard_tags(queue_name) + list(self._discover(queue_name).extra)
+
+    def _lengths(self, keys):
+        """LLEN of each key, in one pipeline (keys of any slots)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.llen(key)
+        return pipe.execute()
+
     # -- contract
     def _push_keys(self, message):
-        q = message.queue_name
+        tag = self.tag_of(message)
         return [
-            self._marker(message),
-            self._bands(q)[band_of(message.priority)],
-            self._key(q, 'wake'),
+            self._marker(tag, message),
+            self._bands(tag)[band_of(message.priority)],
+            self._key(tag, 'wake'),
         ]
 
     @_translate
     def push(self, message, force=False):
+        self._register()
         args = [message.encode(), MARKER_TTL_S, '1' if force else '0']
         return bool(self._push(keys=self._push_keys(message), args=args))
 
@@ -144,6 +242,7 @@ class RedisQueue(Queue):
         script call stays within one queue's slot."""
         if len(messages) == 1:  # a pipeline checks its scripts first: one more round trip
             return [self.push(messages[0])]
+        self._register()
         pipe = self.redis.pipeline(transaction=False)
         for message in messages:
             self._push(
@@ -155,37 +254,52 @@ class RedisQueue(Queue):
 
     @_translate
     def pop(self, queue_name, consumer_id, timeout_s):
-        keys = self._bands(queue_name) + [
-            self._processing(queue_name, consumer_id),
-            self._key(queue_name, 'consumers'),
-        ]
+        """Sweep the queue's shards, each time from the next one (so a busy shard cannot starve
+        the others); priority bands hold within each shard. Shards beyond the configured count
+        that still hold messages are swept too, so changing the count loses nothing."""
+        self._register()
         deadline = time.monotonic() + timeout_s
         while True:
-            raw = self._pop(keys=keys, args=[consumer_id])
-            if raw:
-                return Delivery(Message.decode(raw), raw, consumer_id)
+            tags = self.shard_tags(queue_name) + list(self._discover(queue_name).draining)
+            start = next(self._rotation) % len(tags)
+            tags = tags[start:] + tags[:start]
+            for tag in tags:
+                keys = self._bands(tag) + [
+                    self._processing(tag, consumer_id),
+                    self._key(tag, 'consumers'),
+                ]
+                raw = self._pop(keys=keys, args=[consumer_id])
+                if raw:
+                    return Delivery(Message.decode(raw), raw, consumer_id, tag)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            # Sleep until a push wakes us (BLPOP on the queue's wake list), then pop for real.
-            self.redis.blpop([self._key(queue_name, 'wake')], timeout=max(0.01, min(remaining, 5)))
+            self._wait([self._key(tag, 'wake') for tag in tags], remaining)
+
+    def _wait(self, wake_keys, remaining):
+        """Sleep until a push wakes us (BLPOP on the shards' wake lists), then sweep again. One
+        server watches every shard in one BLPOP; a cluster refuses keys of several slots in one
+        command, so there the first shard (a different one each sweep) is watched for a slice."""
+        if len(wake_keys) > 1 and isinstance(self.redis, RedisCluster):
+            wake_keys, remaining = wake_keys[:1], min(remaining, CLUSTER_WAIT_SLICE_S)
+        self.redis.blpop(wake_keys, timeout=max(0.01, min(remaining, 5)))
 
     @_translate
     def ack(self, delivery):
-        q = delivery.message.queue_name
+        tag = delivery.source
         self._ack(
-            keys=[self._processing(q, delivery.consumer_id), self._marker(delivery.message)],
+            keys=[self._processing(tag, delivery.consumer_id), self._marker(tag, delivery.message)],
             args=[delivery.raw],
         )
 
     @_translate
     def release(self, delivery):
-        m = delivery.message
+        m, tag = delivery.message, delivery.source
         self._release(
             keys=[
-                self._processing(m.queue_name, delivery.consumer_id),
-                self._bands(m.queue_name)[band_of(m.priority)],
-                self._key(m.queue_name, 'wake'),
+                self._processing(tag, delivery.consumer_id),
+                self._bands(tag)[band_of(m.priority)],
+                self._key(tag, 'wake'),
             ],
             args=[delivery.raw],
         )
@@ -202,24 +316,38 @@ class RedisQueue(Queue):
 
     @_translate
     def recover_orphans(self):
-        moved = 0
+        """Every shard of every queue, those beyond the configured count included."""
+        moved, alive = 0, {}
         for queue_name in QUEUE_NAMES:
-            consumers_key = self._key(queue_name, 'consumers')
-            for consumer_id in self.redis.smembers(consumers_key):
-                if self.redis.exists(self.heartbeat_key(consumer_id)):
-                    continue
-                keys = (
-                    [self._processing(queue_name, consumer_id)]
-                    + self._bands(queue_name)
-                    + [self._key(queue_name, 'wake')]
-                )
-                moved += int(self._recover(keys=keys))
-                self.redis.srem(consumers_key, consumer_id)
+            for tag in self._all_tags(queue_name):
+                moved += self._recover_shard(tag, alive)
+        return moved
+
+    def _recover_shard(self, tag, alive):
+        moved = 0
+        consumers_key = self._key(tag, 'consumers')
+        for consumer_id in self.redis.smembers(consumers_key):
+            if consumer_id not in alive:
+                alive[consumer_id] = bool(self.redis.exists(self.heartbeat_key(consumer_id)))
+            if alive[consumer_id]:
+                continue
+            keys = (
+                [self._processing(tag, consumer_id)] + self._bands(tag) + [self._key(tag, 'wake')]
+            )
+            moved += int(self._recover(keys=keys))
+            self.redis.srem(consumers_key, consumer_id)
         return moved
 
     @_translate
     def has_entry(self, message):
-        return bool(self.redis.exists(self._marker(message)))
+        """Its marker in its shard, or in any other registered shard (a process with another
+        shard count may have pushed it)."""
+        tags = [self.tag_of(message)]
+        tags += [t for t in self._all_tags(message.queue_name) if t != tags[0]]
+        pipe = self.redis.pipeline(transaction=False)
+        for tag in tags:
+            pipe.exists(self._marker(tag, message))
+        return any(pipe.execute())
 
     @_translate
     def signal_cancel(self, job_id, ttl_s=300):
@@ -239,8 +367,15 @@ class RedisQueue(Queue):
 
     @_translate
     def depth(self, queue_name):
-        """Messages waiting (not being processed) in a queue."""
-        return sum(self.redis.llen(key) for key in self._bands(queue_name))
+        return sum(self._lengths([b for t in self._all_tags(queue_name) for b in self._bands(t)]))
+
+    @_translate
+    def in_flight(self, queue_name):
+        processing = []
+        for tag in self._all_tags(queue_name):
+            for consumer_id in self.redis.smembers(self._key(tag, 'consumers')):
+                processing.append(self._processing(tag, consumer_id))
+        return sum(self._lengths(processing))
 
     def close(self):
         self.redis.close()
