@@ -37,9 +37,7 @@ def instance_id(role):
 def open_queue(config):
     """RedisQueue when AIJOB_REDIS_URL is set, else the in-process MemoryQueue."""
     if config.redis_url:
-        return RedisQueue(
-            config.redis_url, prefix=config.redis_prefix, shards=config.queue_shards
-        )
+        return RedisQueue(config.redis_url, prefix=config.redis_prefix, shards=config.queue_shards)
     return MemoryQueue()
 
 

@@ -150,13 +150,11 @@ class WebhookSender:
         final = attempts >= self.max_attempts or error == 'ENDPOINT_DELETED'
         retry_in_ms = None if final else retry_delay_ms(attempts, self.retry_base_ms)
         self.webhooks.record_failed(delivery, claimer, status_code, error, retry_in_ms)
-        log_event(
-            'webhook.dead' if final else 'webhook.retry',
-            logging.WARNING,
-            error=error.split(':')[0],
-            retry_in_ms=retry_in_ms,
-            **fields,
-        )
+        fields.update(error=error.split(':')[0], retry_in_ms=retry_in_ms)
+        if final:
+            log_event('webhook.dead', logging.WARNING, **fields)
+        else:
+            log_event('webhook.retry', logging.WARNING, **fields)
 
     def close(self):
         if self._pool is not None:
