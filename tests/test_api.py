@@ -3,6 +3,7 @@ ownership, the admin endpoints and every public error code (contracts §7). Jobs
 state machine by the lifecycle repository here; test_api_lifecycle.py runs real workers."""
 
 import dataclasses
+import re
 import threading
 import time
 
@@ -576,13 +577,13 @@ def test_openapi_documents_every_route_of_the_app(api):
     documented = {
         (method.upper(), path) for path, item in document['paths'].items() for method in item
     }
-    routes = {
-        (
-            route.method,
-            route.rule.replace('<job_id>', '{jobId}').replace('<credential_id>', '{credentialId}'),
+
+    def openapi_path(rule):  # bottle's <job_id> is the document's {jobId}
+        return re.sub(
+            r'<(\w+)>', lambda m: '{%s}' % re.sub(r'_(\w)', lambda c: c[1].upper(), m[1]), rule
         )
-        for route in api.app.routes
-    }
+
+    routes = {(route.method, openapi_path(route.rule)) for route in api.app.routes}
     assert routes == documented
 
 
