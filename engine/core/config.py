@@ -82,6 +82,12 @@ def port_number(value):
     return number
 
 
+def port_or_empty(value):
+    if value == '':
+        return None
+    return port_number(value)
+
+
 def module_list(value):
     names = [name.strip() for name in value.split(',') if name.strip()]
     for name in names:
@@ -304,6 +310,26 @@ SETTINGS = (
         '4',
         positive_int,
         'gunicorn worker processes of `web` when --workers is not given.',
+    ),
+    Setting(
+        'AIJOB_METRICS_TOKEN',
+        '',
+        secret_or_empty,
+        'A bearer token that may read GET /metrics (besides admin tokens), for a Prometheus '
+        'scrape config. Unset: only admin tokens may.',
+        secret=True,
+    ),
+    Setting(
+        'AIJOB_METRICS_PORT',
+        '',
+        port_or_empty,
+        '`worker` serves GET /metrics on this port (same tokens as the API). Unset: no port.',
+    ),
+    Setting(
+        'AIJOB_METRICS_HOST',
+        '0.0.0.0',
+        non_empty_text,
+        "Address the worker's AIJOB_METRICS_PORT listens on.",
     ),
     Setting(
         'AIJOB_MAX_ACTIVE_JOBS_PER_USER',

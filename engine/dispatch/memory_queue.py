@@ -103,6 +103,9 @@ class MemoryQueue(Queue):
         with self._lock:
             return sum(len(raws) for (q, _), raws in self._processing.items() if q == queue_name)
 
+    def shard_lengths(self, queue_name):
+        return {queue_name: (self.depth(queue_name), self.in_flight(queue_name))}
+
     def epoch(self):
         with self._lock:
             return self._epoch

@@ -148,6 +148,11 @@ class Queue:
         """Messages of a queue held in consumers' processing lists, over all its shards."""
         raise NotImplementedError
 
+    def shard_lengths(self, queue_name):
+        """{shard: (waiting, processing)} of a queue, for the metrics: messages waiting and
+        messages held in consumers' processing lists, per shard."""
+        raise NotImplementedError
+
     def ping(self):
         """Raise QueueUnavailableError unless the backend answers."""
         raise NotImplementedError

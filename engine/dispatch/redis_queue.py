@@ -377,6 +377,19 @@ class RedisQueue(Queue):
                 processing.append(self._processing(tag, consumer_id))
         return sum(self._lengths(processing))
 
+    @_translate
+    def shard_lengths(self, queue_name):
+        tags = self._all_tags(queue_name)
+        processing = {}
+        for tag in tags:
+            consumers = self.redis.smembers(self._key(tag, 'consumers'))
+            processing[tag] = [self._processing(tag, consumer) for consumer in consumers]
+        keys = [band for tag in tags for band in self._bands(tag)]
+        keys += [key for tag in tags for key in processing[tag]]
+        lengths = iter(self._lengths(keys))
+        waiting = {tag: sum(next(lengths) for _ in range(BANDS)) for tag in tags}
+        return {tag: (waiting[tag], sum(next(lengths) for _ in processing[tag])) for tag in tags}
+
     def close(self):
         self.redis.close()
 
