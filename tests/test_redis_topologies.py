@@ -7,13 +7,20 @@ import threading
 import time
 
 import pytest
+import redis
 
 from engine.core.errors import QueueUnavailableError
 from engine.core.models import AiJob
+from engine.dispatch.queue import Message
 from engine.dispatch.redis_queue import RedisQueue
 from engine.http.app import create_app
 from tests.support.helpers import create_job, wait_until
-from tests.support.servers import PrivateRedisCluster, SentinelGroup, require_binaries
+from tests.support.servers import (
+    PrivateRedisCluster,
+    RedisProcess,
+    SentinelGroup,
+    require_binaries,
+)
 from tests.support.wsgi import WsgiClient
 from tests.test_faults import (  # noqa: F401 (own_database is a fixture)
     RECOVERY,
@@ -232,3 +239,70 @@ def test_a_replica_url_is_not_ready(sentinel_group):
     with pytest.raises(QueueUnavailableError):
         queue.check_ready()
     queue.close()
+
+
+def test_a_manual_failover_is_followed_without_a_restart(sentinel_group):
+    """SENTINEL FAILOVER demotes the master under an open client: its connections are dropped
+    or answer READONLY, and the client asks the sentinels again; pushes and pops go on."""
+    queue = RedisQueue(sentinel_group.url, prefix='failover')
+    queue.check_ready()
+    old_port = sentinel_group.master_port()
+    sentinel = sentinel_group.sentinels[0].client()
+    wait_until(lambda: _failover(sentinel, sentinel_group.service), timeout=20, interval=0.2)
+    failures, pushed, popped = 0, 0, 0
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        try:
+            message = Message.for_job('f%d' % pushed, 'synthetic', 'ai-interactive', 50)
+            queue.push(message)
+            pushed += 1
+            delivery = queue.pop('ai-interactive', 'consumer', 0.1)
+            queue.ack(delivery)
+            popped += 1
+        except QueueUnavailableError:
+            failures += 1
+            time.sleep(0.05)
+    new_port = sentinel_group.master_port()
+    assert new_port != old_port
+    queue.check_ready()
+    assert queue.redis.connection_pool.get_master_address()[1] == new_port
+    assert popped >= 10 and failures <= 20, (popped, failures)
+    queue.close()
+
+
+def _failover(sentinel, service):
+    try:
+        sentinel.execute_command('SENTINEL FAILOVER', service)
+        return True
+    except redis.ResponseError:  # NOGOODSLAVE while the replica's link settles
+        return False
+
+
+def test_a_worker_started_while_redis_is_down_waits_for_it(tmp_path, own_database):  # noqa: F811
+    """`python aijob.py worker` with its Redis not up yet: the first heartbeat fails, the worker
+    starts all the same, and runs jobs once Redis answers."""
+    require_binaries('redis-server')
+    server = RedisProcess(tmp_path / 'late')
+    env = dict(
+        RECOVERY,
+        AIJOB_DATABASE_URL=own_database,
+        AIJOB_REDIS_URL='redis://%s/0' % server.address,
+    )
+    runtime = make_runtime(env)
+    procs = Processes(tmp_path, env)
+    try:
+        worker = procs.worker()  # waits for worker.started
+        log = worker.log_path.read_text()
+        assert 'worker.first_heartbeat_failed' in log or 'queue.unavailable' in log, log
+        server.start()
+        heartbeat = runtime.queue.heartbeat_key
+        wait_until(lambda: server.client().keys(heartbeat('*')), timeout=20)
+        with runtime.store.connection():
+            job_id = create_job(runtime, input={'sleepMs': 10}).id
+        wait_all_terminal(runtime, [job_id], timeout=30)
+        assert statuses(runtime, [job_id]) == {job_id: 'succeeded'}
+        assert worker.poll() is None
+    finally:
+        procs.close()
+        runtime.close()
+        server.stop()
