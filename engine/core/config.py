@@ -359,6 +359,13 @@ SETTINGS = (
         'Most ?waitMs= requests of one user that one web process holds at once '
         '(429 TOO_MANY_WAITERS beyond).',
     ),
+    Setting(
+        'AIJOB_DASHBOARD_SESSION_MS',
+        '28800000',
+        positive_int,
+        'How long a dashboard sign-in lasts (from sign-in, by the database clock); then the '
+        'operator signs in again with an admin token.',
+    ),
     # ---- push: webhooks and event streams (architecture decision 15)
     Setting(
         'AIJOB_WEBHOOK_ALLOW_HTTP',

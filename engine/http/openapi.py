@@ -552,7 +552,10 @@ def build_openapi(registry, extra_paths=None, extra_schemas=None):
         'security': [{'bearerAuth': []}],
         'paths': paths,
         'components': {
-            'securitySchemes': {'bearerAuth': {'type': 'http', 'scheme': 'bearer'}},
+            'securitySchemes': {
+                'bearerAuth': {'type': 'http', 'scheme': 'bearer'},
+                'dashboardSession': {'type': 'apiKey', 'in': 'cookie', 'name': 'aijob_session'},
+            },
             'schemas': schemas,
         },
     }
