@@ -47,9 +47,11 @@ from ..execution.usage import usage_totals
 from . import params as admin_jobs
 from . import views
 from .auth import TokenStore, bearer_token
+from .dashboard import Dashboard
 from .metrics_view import CONTENT_TYPE as METRICS_TYPE
 from .metrics_view import MetricsAccess, scrape
 from .openapi import build_openapi
+from .openapi_dashboard import dashboard_paths
 from .openapi_push import push_paths, push_schemas
 from .webhook_views import WebhookEndpoints
 
@@ -481,7 +483,9 @@ class Api:
             runtime.config.max_waiters,
             runtime.config.max_waiters_per_user,
         )
-        self.openapi = build_openapi(runtime.registry, push_paths(), push_schemas())
+        self.openapi = build_openapi(
+            runtime.registry, dict(push_paths(), **dashboard_paths()), push_schemas()
+        )
         self.push = WebhookEndpoints(runtime)
         self.metrics_access = MetricsAccess(runtime.store, runtime.config.metrics_token)
 
@@ -713,7 +717,12 @@ class Api:
         return reply({'status': 'ok'})
 
     def readyz(self):
-        checks = {'database': _check(self.store.ping), 'queue': _check(self.runtime.queue.ping)}
+        # A write-free query on the store; a write on the queue, wherever its shards live (a
+        # read-only replica or a lost master answers a ping but takes no job).
+        checks = {
+            'database': _check(self.store.ping),
+            'queue': _check(self.runtime.queue.check_ready),
+        }
         if all(value == 'ok' for value in checks.values()):
             return reply({'status': 'ready', 'checks': checks})
         not_ready = NotReadyError()
@@ -777,6 +786,7 @@ def create_app(runtime):
         ('GET', '/openapi.json', api.openapi_document, False),
         ('GET', '/metrics', api.metrics, True),
     )
+    routes += Dashboard(runtime).routes()
     for method, path, callback, uses_db in routes:
         app.route(path, method, callback, db=uses_db)
     return app
