@@ -9,4 +9,5 @@ pytest_plugins = (
     'tests.support.api',
     'tests.support.fake_openai',
     'tests.support.receiver',
+    'tests.support.dashboard',
 )

@@ -46,7 +46,9 @@ from ..execution.usage import usage_totals
 from . import params as admin_jobs
 from . import views
 from .auth import TokenStore, bearer_token
+from .dashboard import Dashboard
 from .openapi import build_openapi
+from .openapi_dashboard import dashboard_paths
 from .openapi_push import push_paths, push_schemas
 from .webhook_views import WebhookEndpoints
 
@@ -475,7 +477,9 @@ class Api:
             runtime.config.max_waiters,
             runtime.config.max_waiters_per_user,
         )
-        self.openapi = build_openapi(runtime.registry, push_paths(), push_schemas())
+        self.openapi = build_openapi(
+            runtime.registry, dict(push_paths(), **dashboard_paths()), push_schemas()
+        )
         self.push = WebhookEndpoints(runtime)
 
     # -- auth
@@ -706,7 +710,12 @@ class Api:
         return reply({'status': 'ok'})
 
     def readyz(self):
-        checks = {'database': _check(self.store.ping), 'queue': _check(self.runtime.queue.ping)}
+        # A write-free query on the store; a write on the queue, wherever its shards live (a
+        # read-only replica or a lost master answers a ping but takes no job).
+        checks = {
+            'database': _check(self.store.ping),
+            'queue': _check(self.runtime.queue.check_ready),
+        }
         if all(value == 'ok' for value in checks.values()):
             return reply({'status': 'ready', 'checks': checks})
         not_ready = NotReadyError()
@@ -759,6 +768,7 @@ def create_app(runtime):
         ('GET', '/readyz', api.readyz, False),
         ('GET', '/openapi.json', api.openapi_document, False),
     )
+    routes += Dashboard(runtime).routes()
     for method, path, callback, uses_db in routes:
         app.route(path, method, callback, db=uses_db)
     return app
