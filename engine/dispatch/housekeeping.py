@@ -47,6 +47,7 @@ class Reaper:
             if job.attempt_no < self.lifecycle.attempts_allowed(job.queue_name):
                 # The dead worker's message may be gone (Redis lost it) or still held by a live
                 # but stuck process: push anyway; the lock CAS lets one worker take over.
+                self.lifecycle.record_worker_lost(job)
                 self.queue.push(message_for_job(job), force=True)
                 log_event(
                     'job.worker_lost',
