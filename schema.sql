@@ -196,3 +196,14 @@ CREATE TABLE IF NOT EXISTS `webhook_delivery` (
   KEY `webhook_delivery_endpoint_id` (`endpoint_id`),
   KEY `webhook_delivery_job_id` (`job_id`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- One row per named lease (architecture decision 12): the `housekeeping` lease's holder runs the
+-- reaper, reconciler, outbox polling and purge. Taken and renewed by compare-and-set against the
+-- database clock; released on a clean shutdown.
+CREATE TABLE IF NOT EXISTS `leader_lease` (
+  `name` VARCHAR(64) NOT NULL,
+  `holder` VARCHAR(128) NOT NULL,               -- the holding process's instance id
+  `acquired_at` DATETIME(6) NOT NULL,           -- when this holder took it
+  `expires_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`name`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
