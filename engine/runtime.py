@@ -173,8 +173,12 @@ def run_worker_process(config):
         )
     configure_logging()
     runtime = Runtime(config, role='worker')
-    runtime.queue.ping()
     runtime.store.ping()
+    try:
+        runtime.queue.ping()
+    except QueueUnavailableError as exc:
+        # Redis down or failing over at start: the loops retry until it answers.
+        log_event('queue.unavailable', logging.WARNING, component='worker', error=str(exc))
     runtime.attach_worker().run_until_signalled()
     runtime.stop_background()  # the ordered stop, within AIJOB_SHUTDOWN_GRACE_MS
     runtime.close()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
+from .redis_url import parse_redis_url
 
 
 # ---------------------------------------------------------------- value parsers
@@ -32,10 +33,15 @@ def database_url(value):
 def redis_url(value):
     if value == '':
         return None
-    parts = urlsplit(value)
-    if parts.scheme in ('redis', 'rediss', 'unix') and (parts.hostname or parts.path):
-        return value
-    raise ValueError('expected redis://HOST:PORT/DB, or empty for the in-memory queue')
+    try:
+        parse_redis_url(value)
+    except ValueError as exc:
+        raise ValueError(
+            '%s; expected redis://HOST:PORT/DB, redis+cluster://HOST:PORT[,HOST:PORT...], '
+            'redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB], or empty for the '
+            'in-memory queue' % exc
+        ) from None
+    return value
 
 
 def positive_int(value):
@@ -180,8 +186,10 @@ SETTINGS = (
         'AIJOB_REDIS_URL',
         '',
         redis_url,
-        'Redis for the queues (redis://HOST:PORT/DB). Unset: the in-memory queue, one process '
-        'only.',
+        'Redis for the queues: redis://HOST:PORT/DB or rediss:// (one server), '
+        'redis+cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster), '
+        'redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB] (the master the '
+        'sentinels name). Unset: the in-memory queue, one process only.',
         secret=True,
     ),
     Setting(

@@ -152,6 +152,12 @@ class Queue:
         """Raise QueueUnavailableError unless the backend answers."""
         raise NotImplementedError
 
+    def check_ready(self):
+        """Raise QueueUnavailableError unless the backend takes writes wherever this queue's
+        messages live (``/readyz``): answering is not enough, a read-only replica answers too.
+        An in-process queue is ready when it answers."""
+        self.ping()
+
     def close(self):
         pass
 

@@ -214,7 +214,7 @@ class Worker:
 
     def start(self):
         rt, config, conn = self.runtime, self.runtime.config, self.runtime.store.connection
-        self._first_heartbeat()
+        self._first_beat()
         # The first attempt at the lease before anything else, so a process alone leads at once.
         first_wait = self.leadership.step()
         self._thread('leader', self.leadership.run, self.stop_event, first_wait)
@@ -255,13 +255,15 @@ class Worker:
             leader=self.leadership.held(),
         )
 
-    def _first_heartbeat(self):
-        """The consumer key before the first pop, so no reaper takes this consumer for dead. A
-        queue that is down now is no reason not to start: the heartbeat loop keeps trying."""
+    def _first_beat(self):
+        """The consumer key before the pools take anything, so no reaper takes this consumer
+        for dead. A queue that is down, failing over or still electing its cluster's slots does
+        not stop the worker: the heartbeat loop tries every AIJOB_HEARTBEAT_MS, and the pools
+        retry their pops."""
         try:
             self.supervisor.refresh_consumer_key()
         except QueueUnavailableError as exc:
-            log_event('queue.unavailable', logging.WARNING, component='heartbeat', error=str(exc))
+            log_event('worker.first_heartbeat_failed', logging.WARNING, error=str(exc))
 
     def _thread(self, name, target, *args):
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)

@@ -501,13 +501,15 @@ def _operations_paths():
         },
         '/readyz': {
             'get': {
-                'summary': 'The database and the queue answer.',
+                'summary': 'The database answers a query and the queue takes a write on every '
+                'shard (a read-only replica, a wrong node or a lost master is not ready).',
                 'security': [],
                 'responses': dict(
                     {
                         '200': _json('Ready.', _ref('Health')),
                         '503': _json(
-                            'NOT_READY: a dependency is unreachable; `checks` says which.',
+                            'NOT_READY: a dependency is unreachable or refuses writes; `checks` '
+                            'says which.',
                             _ref('Error'),
                             RETRY_AFTER,
                         ),
