@@ -19,13 +19,16 @@ from tests.support.servers import (
     PrivateRedisCluster,
     RedisProcess,
     SentinelGroup,
+    free_port,
     require_binaries,
 )
 from tests.support.wsgi import WsgiClient
 from tests.test_faults import (  # noqa: F401 (own_database is a fixture)
     RECOVERY,
     Processes,
+    _healthy,
     assert_each_committed_once,
+    call,
     make_runtime,
     own_database,
     statuses,
@@ -59,6 +62,21 @@ def readyz(runtime):
     """(status, checks) of GET /readyz on an in-process app over ``runtime``."""
     response = WsgiClient(create_app(runtime)).get('/readyz')
     return response.status, response.json.get('checks')
+
+
+def start_web(procs):
+    """A real `python aijob.py web` (gunicorn, gevent, one worker) on a free port."""
+    port = free_port()
+    web = procs.spawn('web', '--port', str(port), '--workers', '1')
+    wait_until(lambda: web.poll() is not None or _healthy(port), timeout=30, interval=0.2)
+    assert web.poll() is None, web.log_path.read_text()
+    return port
+
+
+def web_readyz(port):
+    """(status, checks) of GET /readyz on a real web process."""
+    status, _, body = call(port, 'GET', '/readyz', 'no-token')
+    return status, body.get('checks')
 
 
 def create_batch(runtime, count, sleep_ms, tag):
@@ -95,6 +113,8 @@ def test_a_three_master_cluster_runs_every_job_once_over_four_shards(
     procs = Processes(tmp_path, env)
     try:
         assert readyz(runtime) == (200, {'database': 'ok', 'queue': 'ok'})
+        port = start_web(procs)
+        assert web_readyz(port) == (200, {'database': 'ok', 'queue': 'ok'})
         procs.worker(), procs.worker()
         started = time.monotonic()
         ids = create_batch(runtime, 300, sleep_ms=5, tag='c')
@@ -125,7 +145,7 @@ def test_a_three_master_cluster_runs_every_job_once_over_four_shards(
         )
         cancel_ms = (time.monotonic() - asked) * 1000.0
         assert cancel_ms < 1000, cancel_ms
-        assert readyz(runtime) == (200, {'database': 'ok', 'queue': 'ok'})
+        assert web_readyz(port) == (200, {'database': 'ok', 'queue': 'ok'})
         print(
             'cluster: 300 jobs (both queues, 4 shards over %d nodes, 2 workers) in %.1fs, each '
             'once; cancel of a running job %.0f ms' % (len(nodes), took, cancel_ms)
@@ -162,7 +182,7 @@ def test_sentinel_kill_9_of_the_master_under_load(
     runtime = make_runtime(env)
     procs = Processes(tmp_path, env)
     stop = threading.Event()
-    created, probes = [], []
+    created, probes, port = [], [], None
 
     def create_load():
         i = 0
@@ -173,11 +193,12 @@ def test_sentinel_kill_9_of_the_master_under_load(
 
     def probe_readyz():
         while not stop.is_set():
-            probes.append((time.monotonic(), readyz(runtime)[0]))
+            probes.append((time.monotonic(), web_readyz(port)[0]))
             time.sleep(0.05)
 
     threads = [threading.Thread(target=f, daemon=True) for f in (create_load, probe_readyz)]
     try:
+        port = start_web(procs)
         procs.worker(), procs.worker()
         for thread in threads:
             thread.start()
