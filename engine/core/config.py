@@ -88,6 +88,12 @@ def port_number(value):
     return number
 
 
+def port_or_empty(value):
+    if value == '':
+        return None
+    return port_number(value)
+
+
 def module_list(value):
     names = [name.strip() for name in value.split(',') if name.strip()]
     for name in names:
@@ -314,6 +320,26 @@ SETTINGS = (
         'gunicorn worker processes of `web` when --workers is not given.',
     ),
     Setting(
+        'AIJOB_METRICS_TOKEN',
+        '',
+        secret_or_empty,
+        'A bearer token that may read GET /metrics (besides admin tokens), for a Prometheus '
+        'scrape config. Unset: only admin tokens may.',
+        secret=True,
+    ),
+    Setting(
+        'AIJOB_METRICS_PORT',
+        '',
+        port_or_empty,
+        '`worker` serves GET /metrics on this port (same tokens as the API). Unset: no port.',
+    ),
+    Setting(
+        'AIJOB_METRICS_HOST',
+        '0.0.0.0',
+        non_empty_text,
+        "Address the worker's AIJOB_METRICS_PORT listens on.",
+    ),
+    Setting(
         'AIJOB_MAX_ACTIVE_JOBS_PER_USER',
         '100',
         non_negative_int,
@@ -358,6 +384,13 @@ SETTINGS = (
         positive_int,
         'Most ?waitMs= requests of one user that one web process holds at once '
         '(429 TOO_MANY_WAITERS beyond).',
+    ),
+    Setting(
+        'AIJOB_DASHBOARD_SESSION_MS',
+        '28800000',
+        positive_int,
+        'How long a dashboard sign-in lasts (from sign-in, by the database clock); then the '
+        'operator signs in again with an admin token.',
     ),
     # ---- push: webhooks and event streams (architecture decision 15)
     Setting(

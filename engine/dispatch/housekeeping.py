@@ -4,6 +4,7 @@ purger, which keeps the snapshot and outbox tables from growing without bound.""
 
 import logging
 
+from ..core import metrics
 from ..core.errors import (
     IllegalTransitionError,
     InternalJobError,
@@ -57,6 +58,7 @@ class Reaper:
         try:
             if job.cancel_requested_at is not None:
                 self.lifecycle.mark_cancelled(job.id, fence=fence)
+                metrics.job_finished(job.job_type, job.queue_name, 'cancelled')
                 return 'cancelled'
             if job.attempt_no < self.lifecycle.attempts_allowed(job.queue_name):
                 return self._republish(job) if queue_up else 'deferred'
@@ -69,6 +71,7 @@ class Reaper:
                 ),
                 fence=fence,
             )
+            metrics.job_finished(job.job_type, job.queue_name, 'failed')
             log_event(
                 'job.worker_lost',
                 logging.WARNING,

@@ -423,6 +423,33 @@ class RedisQueue(Queue):
                 processing.append(self._processing(tag, consumer_id))
         return sum(self._lengths(processing))
 
+    @_translate
+    def shard_lengths(self, queue_name):
+        tags = self._all_tags(queue_name)
+        processing = {}
+        for tag in tags:
+            consumers = self.redis.smembers(self._key(tag, 'consumers'))
+            processing[tag] = [self._processing(tag, consumer) for consumer in consumers]
+        keys = [band for tag in tags for band in self._bands(tag)]
+        keys += [key for tag in tags for key in processing[tag]]
+        lengths = iter(self._lengths(keys))
+        waiting = {tag: sum(next(lengths) for _ in range(BANDS)) for tag in tags}
+        return {tag: (waiting[tag], sum(next(lengths) for _ in processing[tag])) for tag in tags}
+
+    @_translate
+    def consumers(self):
+        """Every consumer registered on a shard of any queue, kept if its heartbeat key lives."""
+        known = set()
+        for queue_name in QUEUE_NAMES:
+            for tag in self._all_tags(queue_name):
+                known.update(self.redis.smembers(self._key(tag, 'consumers')))
+        known = sorted(known)
+        pipe = self.redis.pipeline(transaction=False)
+        for consumer_id in known:
+            pipe.pttl(self.heartbeat_key(consumer_id))
+        ttls = pipe.execute() if known else []
+        return {c: int(ttl) for c, ttl in zip(known, ttls, strict=True) if ttl and ttl > 0}
+
     def close(self):
         if self._client is not None:
             self._client.close()

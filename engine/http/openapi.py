@@ -518,6 +518,21 @@ def _operations_paths():
                 ),
             }
         },
+        '/metrics': {
+            'get': {
+                'summary': 'Prometheus metrics, text exposition format (SUPER_ADMIN, or the '
+                'AIJOB_METRICS_TOKEN bearer).',
+                'responses': dict(
+                    {
+                        '200': {
+                            'description': 'The scrape.',
+                            'content': {'text/plain': {'schema': {'type': 'string'}}},
+                        }
+                    },
+                    **_errors(401, 403, 503),
+                ),
+            }
+        },
         '/openapi.json': {
             'get': {
                 'summary': 'This document.',
@@ -552,7 +567,10 @@ def build_openapi(registry, extra_paths=None, extra_schemas=None):
         'security': [{'bearerAuth': []}],
         'paths': paths,
         'components': {
-            'securitySchemes': {'bearerAuth': {'type': 'http', 'scheme': 'bearer'}},
+            'securitySchemes': {
+                'bearerAuth': {'type': 'http', 'scheme': 'bearer'},
+                'dashboardSession': {'type': 'apiKey', 'in': 'cookie', 'name': 'aijob_session'},
+            },
             'schemas': schemas,
         },
     }
