@@ -196,3 +196,14 @@ CREATE TABLE IF NOT EXISTS `webhook_delivery` (
   KEY `webhook_delivery_endpoint_id` (`endpoint_id`),
   KEY `webhook_delivery_job_id` (`job_id`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- Dashboard sign-ins: the SHA-256 of the session id only; the id itself is the HttpOnly cookie.
+CREATE TABLE IF NOT EXISTS `dashboard_session` (
+  `session_hash` VARCHAR(64) NOT NULL,
+  `token_hash` VARCHAR(64) NOT NULL,            -- the admin token it was opened with (api_token)
+  `user_id` VARCHAR(64) NOT NULL,
+  `created_at` DATETIME(6) NOT NULL,
+  `expires_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`session_hash`),
+  KEY `dashboard_session_expires_at` (`expires_at`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;

@@ -111,6 +111,8 @@ RUN_COLUMNS = (
     'retry_count',
     'max_retry_count',
     'locked_by',
+    'created_at',  # with started_at: the queue wait the metrics observe at the first lock
+    'started_at',
 )
 SELECT_JOB_AND_SNAPSHOT = Statement(
     'SELECT %s, s.content FROM ai_job j LEFT JOIN ai_job_snapshot s ON s.job_id = j.id '

@@ -4,6 +4,7 @@ purger, which keeps the snapshot and outbox tables from growing without bound.""
 
 import logging
 
+from ..core import metrics
 from ..core.errors import IllegalTransitionError, InternalJobError, JobLockConflictError
 from ..core.lifecycle import ExpiredLockFence
 from ..core.logs import log_event
@@ -43,6 +44,7 @@ class Reaper:
         try:
             if job.cancel_requested_at is not None:
                 self.lifecycle.mark_cancelled(job.id, fence=fence)
+                metrics.job_finished(job.job_type, job.queue_name, 'cancelled')
                 return 'cancelled'
             if job.attempt_no < self.lifecycle.attempts_allowed(job.queue_name):
                 # The dead worker's message may be gone (Redis lost it) or still held by a live
@@ -65,6 +67,7 @@ class Reaper:
                 ),
                 fence=fence,
             )
+            metrics.job_finished(job.job_type, job.queue_name, 'failed')
             log_event(
                 'job.worker_lost',
                 logging.WARNING,

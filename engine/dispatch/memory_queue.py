@@ -109,6 +109,18 @@ class MemoryQueue(Queue):
         with self._lock:
             return sum(len(raws) for (q, _), raws in self._processing.items() if q == queue_name)
 
+    def shard_lengths(self, queue_name):
+        return {queue_name: (self.depth(queue_name), self.in_flight(queue_name))}
+
+    def consumers(self):
+        now = time.monotonic()
+        with self._lock:
+            return {
+                consumer_id: int((expiry - now) * 1000)
+                for consumer_id, expiry in self._heartbeats.items()
+                if expiry > now
+            }
+
     def epoch(self):
         with self._lock:
             return self._epoch

@@ -168,9 +168,26 @@ class Queue:
         """Messages of a queue held in consumers' processing lists, over all its shards."""
         raise NotImplementedError
 
+    def shard_lengths(self, queue_name):
+        """{shard: (waiting, processing)} of a queue, for the metrics: messages waiting and
+        messages held in consumers' processing lists, per shard."""
+        raise NotImplementedError
+
+    def consumers(self):
+        """The consumers whose heartbeat is live: ``{consumer_id: milliseconds it has left}``
+        (the operator's "workers alive"; a consumer id is the worker's instance id, the
+        ``locked_by`` of the jobs it runs)."""
+        raise NotImplementedError
+
     def ping(self):
         """Raise QueueUnavailableError unless the backend answers."""
         raise NotImplementedError
+
+    def check_ready(self):
+        """Raise QueueUnavailableError unless the backend takes writes wherever this queue's
+        messages live (``/readyz``): answering is not enough, a read-only replica answers too.
+        An in-process queue is ready when it answers."""
+        self.ping()
 
     def close(self):
         pass

@@ -253,7 +253,7 @@ class Worker:
 
     def start(self):
         rt, config, conn = self.runtime, self.runtime.config, self.runtime.store.connection
-        self.supervisor.beat()
+        self._first_beat()
         self.threads.append(
             threading.Thread(
                 target=rt.dispatcher.run,
@@ -344,6 +344,15 @@ class Worker:
             interactive=config.interactive_concurrency,
             background=config.background_concurrency,
         )
+
+    def _first_beat(self):
+        """Heartbeat before the pools take anything. A queue that is down, failing over or
+        still electing its cluster's slots does not stop the worker: the heartbeat loop beats
+        again at once and every AIJOB_HEARTBEAT_MS, and the pools retry their pops."""
+        try:
+            self.supervisor.beat()
+        except QueueUnavailableError as exc:
+            log_event('worker.first_heartbeat_failed', logging.WARNING, error=str(exc))
 
     def stop(self, grace_s):
         """Ordered stop within ``grace_s`` (plus a few seconds to hand back)."""

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..core import metrics
 from ..core.errors import (
     AiJobError,
     IllegalTransitionError,
@@ -178,6 +179,9 @@ class ExecutionEngine:
         except UnknownJobTypeError:
             definition = None
         attempt = Attempt(job, definition, Fence(self.instance_id, job.attempt_no), snapshot)
+        if job.attempt_no == 1 and job.started_at is not None:
+            wait_s = (job.started_at - job.created_at).total_seconds()
+            metrics.job_started(job.job_type, job.queue_name, wait_s)
         attempt.retries_used = job.retry_count
         attempt.defer_success = defer_success
         with self._held_lock:
@@ -313,6 +317,7 @@ class ExecutionEngine:
                 error_code=failure.code,
                 delay_s=round(delay_s, 2),
             )
+            metrics.job_retried(a.job.job_type, failure.code)
             self._wait(a, delay_s)
             a.retries_used += 1
             a.internal_retries += isinstance(failure, InternalJobError)
@@ -342,7 +347,7 @@ class ExecutionEngine:
         usage = None
         try:
             try:
-                result = resolved.provider.generate(request, ctx)
+                result = self._generate(resolved, request, ctx)
             except AiJobError:
                 raise
             except Exception as exc:  # a provider bug must not kill the worker
@@ -364,6 +369,24 @@ class ExecutionEngine:
                 raise AttemptAbandoned(a.job.id) from None
             self._log_usage_now(a, resolved, call_no, usage, started, failure.code)
             raise
+
+    def _generate(self, resolved, request, ctx):
+        """The provider call itself, timed and counted for the metrics."""
+        started = time.monotonic()
+        usage, error_code = None, 'INTERNAL_PROVIDER_ERROR'
+        try:
+            result = resolved.provider.generate(request, ctx)
+            usage, error_code = result.usage, None
+            return result
+        except AiJobError as exc:
+            usage, error_code = getattr(exc, 'usage', None), exc.code
+            raise
+        finally:
+            key = resolved.provider.key or ''
+            cost = self.ai.pricing.cost(key, resolved.model, usage) if usage else None
+            metrics.provider_call(
+                key, resolved.model, error_code, time.monotonic() - started, usage, cost
+            )
 
     def _log_usage_now(self, a, resolved, call_no, usage, started, error_code):
         latency_ms = _ms_since(started)
@@ -483,6 +506,7 @@ class ExecutionEngine:
         return self._complete(a, CANCELLED, 'CANCELLED')
 
     def _complete(self, a, status, error_code):
+        metrics.job_finished(a.job.job_type, a.job.queue_name, status, time.monotonic() - a.started)
         log_event(
             'job.finished',
             job_id=a.job.id,
