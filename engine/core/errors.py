@@ -229,6 +229,14 @@ class ForbiddenError(HttpError):
     public_message = 'This endpoint is for SUPER_ADMIN only.'
 
 
+class CsrfError(HttpError):
+    """A dashboard action without its session's CSRF token, or posted from another origin."""
+
+    code = 'CSRF_TOKEN_INVALID'
+    http_status = 403
+    public_message = 'The form is stale or came from another site; reload the page and retry.'
+
+
 class NoSuchEndpointError(HttpError):
     code = 'NOT_FOUND'
     http_status = 404

@@ -6,6 +6,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
+from . import metrics
 from .errors import (
     IdempotencyKeyReusedError,
     InvalidInputError,
@@ -32,6 +33,7 @@ OVERRIDE_FIELDS = (
     'outputSchemaVersion',
 )
 DEFAULT_SNAPSHOT_TTL_MS = 30 * 24 * 3600 * 1000
+BULK_RETRY_LIMIT = 500  # new jobs one bulk retry creates at most; run it again for more
 INSERT_SNAPSHOT = Statement(
     'INSERT INTO ai_job_snapshot (job_id, content, redaction_version, expires_at, created_at) '
     'VALUES (%s, %s, 1, {now_plus}, {now})'
@@ -125,6 +127,7 @@ class AiJobService:
             if existing is None:
                 raise
             return self._replay(existing, fingerprint)
+        metrics.job_created(job.job_type, job.queue_name)
         if self.dispatch_now is not None:
             self.dispatch_now(event)
         return CreateResult(job, True)
@@ -201,6 +204,8 @@ class AiJobService:
                 public_message='Jobs of this type cannot be cancelled.',
             )
         job = self.lifecycle.mark_cancelled(job_id)
+        if job.lifecycle_status == CANCELLED:  # it was queued: finished now
+            metrics.job_finished(job.job_type, job.queue_name, CANCELLED)
         if job.lifecycle_status == 'running' and self.cancel_signal is not None:
             self.cancel_signal(job_id)
         return job
@@ -225,6 +230,34 @@ class AiJobService:
                 retry_of_job_id=old.id,
             )
         ).job
+
+    def retry_failed(self, job_type, since, limit=BULK_RETRY_LIMIT):
+        """Admin bulk retry: ``retry_job`` for each failed job of ``job_type`` that finished at
+        or after ``since`` (naive UTC) and has not been retried yet, oldest first, at most
+        ``limit``. Returns (new jobs, jobs skipped because their input is gone, whether more
+        remain). Each retry is its own transaction, so running it again after a crash goes on
+        where it stopped: a retried job is never retried twice."""
+        retried = AiJob.select(AiJob.retry_of_job_id).where(
+            AiJob.retry_of_job_id.is_null(False) & (AiJob.job_type == job_type)
+        )
+        candidates = list(
+            AiJob.select(AiJob.id)
+            .where(
+                (AiJob.lifecycle_status == FAILED)
+                & (AiJob.job_type == job_type)
+                & (AiJob.finished_at >= since)
+                & AiJob.id.not_in(retried)
+            )
+            .order_by(AiJob.finished_at, AiJob.id)
+            .limit(limit + 1)
+        )
+        new_jobs, skipped = [], 0
+        for job in candidates[:limit]:
+            try:
+                new_jobs.append(self.retry_job(job.id))
+            except JobNotRetryableError:
+                skipped += 1  # its snapshot was purged: nothing to run it on
+        return new_jobs, skipped, len(candidates) > limit
 
     def snapshot(self, job_id):
         """The frozen ``{"input", "overrides"}`` a job runs on."""

@@ -501,18 +501,35 @@ def _operations_paths():
         },
         '/readyz': {
             'get': {
-                'summary': 'The database and the queue answer.',
+                'summary': 'The database answers a query and the queue takes a write on every '
+                'shard (a read-only replica, a wrong node or a lost master is not ready).',
                 'security': [],
                 'responses': dict(
                     {
                         '200': _json('Ready.', _ref('Health')),
                         '503': _json(
-                            'NOT_READY: a dependency is unreachable; `checks` says which.',
+                            'NOT_READY: a dependency is unreachable or refuses writes; `checks` '
+                            'says which.',
                             _ref('Error'),
                             RETRY_AFTER,
                         ),
                     },
                     **{'500': _errors()['500']},
+                ),
+            }
+        },
+        '/metrics': {
+            'get': {
+                'summary': 'Prometheus metrics, text exposition format (SUPER_ADMIN, or the '
+                'AIJOB_METRICS_TOKEN bearer).',
+                'responses': dict(
+                    {
+                        '200': {
+                            'description': 'The scrape.',
+                            'content': {'text/plain': {'schema': {'type': 'string'}}},
+                        }
+                    },
+                    **_errors(401, 403, 503),
                 ),
             }
         },
@@ -550,7 +567,10 @@ def build_openapi(registry, extra_paths=None, extra_schemas=None):
         'security': [{'bearerAuth': []}],
         'paths': paths,
         'components': {
-            'securitySchemes': {'bearerAuth': {'type': 'http', 'scheme': 'bearer'}},
+            'securitySchemes': {
+                'bearerAuth': {'type': 'http', 'scheme': 'bearer'},
+                'dashboardSession': {'type': 'apiKey', 'in': 'cookie', 'name': 'aijob_session'},
+            },
             'schemas': schemas,
         },
     }

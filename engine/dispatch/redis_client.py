@@ -1,0 +1,63 @@
+"""The redis-py client for AIJOB_REDIS_URL's topology (issue 13 item 1): ``redis.Redis`` for one
+server, ``RedisCluster`` for a cluster, ``Sentinel.master_for`` for a Sentinel-watched master.
+
+Only the queue module uses it; everything above sees the queue contract.
+"""
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.sentinel import Sentinel
+
+from ..core.redis_url import CLUSTER, SENTINEL, parse_redis_url
+
+# The same timeouts on every topology: a dead node fails a call within seconds, never hangs it.
+SOCKET_TIMEOUT_S = 10
+CONNECT_TIMEOUT_S = 3
+HEALTH_CHECK_S = 30
+
+
+def connect(url):
+    """A client for ``url`` (decoded strings). Building it contacts no server except for a
+    cluster, whose slot map is read at once: callers build it when first needed."""
+    target = parse_redis_url(url)
+    common = dict(
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        decode_responses=True,
+    )
+    if target.kind == CLUSTER:
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
+            username=target.username,
+            password=target.password,
+            **common,
+        )
+    if target.kind == SENTINEL:
+        return _sentinel_master(target, common)
+    return redis.Redis.from_url(url, health_check_interval=HEALTH_CHECK_S, **common)
+
+
+def _sentinel_master(target, common):
+    """The master of ``target.service``. Its pool asks the sentinels for the master's address
+    whenever it opens a connection, and drops its connections when a command finds the server
+    read-only (a demoted master): after a failover the next call reaches the new master."""
+    sentinel = Sentinel(
+        list(target.nodes),
+        sentinel_kwargs=dict(
+            socket_timeout=CONNECT_TIMEOUT_S,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            password=target.sentinel_password,
+        ),
+    )
+    return sentinel.master_for(
+        target.service,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        health_check_interval=HEALTH_CHECK_S,
+        **common,
+    )
+
+
+def is_cluster(client):
+    return isinstance(client, RedisCluster)
