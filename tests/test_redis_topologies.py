@@ -347,3 +347,25 @@ def test_a_reconnect_inside_a_call_goes_to_the_master_the_sentinels_name_now(sen
     assert conn.port == sentinel_group.master_port() != old_port
     client.connection_pool.release(conn)
     client.close()
+
+
+def test_a_cluster_that_lost_a_primary_is_not_ready_until_it_returns(redis_cluster):
+    """A primary without a replica killed: its slots are uncovered, the cluster refuses calls,
+    and the check's writes (one per shard, on each shard's node) fail; when the node returns
+    with its slots, ready again. The queue's client is the same throughout: no restart."""
+    queue = RedisQueue(redis_cluster.url, prefix='lost', shards=4)
+    queue.check_ready()
+    victim = redis_cluster.nodes[1]
+    victim.kill()
+    wait_until(lambda: not _ready(queue), timeout=20, interval=0.2)
+    victim.start()
+    wait_until(lambda: _ready(queue), timeout=30, interval=0.2)
+    queue.close()
+
+
+def _ready(queue):
+    try:
+        queue.check_ready()
+        return True
+    except QueueUnavailableError:
+        return False
