@@ -164,8 +164,10 @@ class Runtime:
         self.store.close()
 
 
-def run_worker_process(config):
-    """``python aijob.py worker``: needs Redis, since an in-memory queue cannot cross processes."""
+def run_worker_process(config, start_metrics=None):
+    """``python aijob.py worker``: needs Redis, since an in-memory queue cannot cross processes.
+    ``start_metrics(runtime)``, from the CLI, serves AIJOB_METRICS_PORT (an object with
+    ``close()``, or None)."""
     if not config.uses_redis:
         raise ConfigError(
             'the worker needs AIJOB_REDIS_URL: the in-memory queue cannot cross '
@@ -179,7 +181,10 @@ def run_worker_process(config):
     except QueueUnavailableError as exc:
         # Redis down or failing over at start: the loops retry until it answers.
         log_event('queue.unavailable', logging.WARNING, component='worker', error=str(exc))
+    metrics_server = start_metrics(runtime) if start_metrics is not None else None
     runtime.attach_worker().run_until_signalled()
     runtime.stop_background()  # the ordered stop, within AIJOB_SHUTDOWN_GRACE_MS
+    if metrics_server is not None:
+        metrics_server.close()
     runtime.close()
     return 0

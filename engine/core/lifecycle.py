@@ -7,6 +7,7 @@ once to say why: an edge contracts §1.3 forbids raises ``IllegalTransitionError
 stale fence raises ``JobLockConflictError``.
 """
 
+import logging
 from dataclasses import dataclass
 from enum import Enum
 
@@ -18,6 +19,7 @@ from .errors import (
     JobNotCancellableError,
     JobNotFoundError,
 )
+from .logs import log_event
 from .models import AiJob, AiJobSnapshot
 from .outbox import OutboxRepository
 from .sql import Statement, job_from_row, placeholders, statement
@@ -109,19 +111,33 @@ RUN_COLUMNS = (
     'retry_count',
     'max_retry_count',
     'locked_by',
+    'created_at',  # with started_at: the queue wait the metrics observe at the first lock
+    'started_at',
 )
 SELECT_JOB_AND_SNAPSHOT = Statement(
     'SELECT %s, s.content FROM ai_job j LEFT JOIN ai_job_snapshot s ON s.job_id = j.id '
     'WHERE j.id = %%s' % ', '.join('j.' + name for name in RUN_COLUMNS)
 )
-# {attempts_left} is filled per repository from its queues' attempt limits.
+# {attempts_left} is filled per repository from its queues' attempt limits, {ids} with ``id = %s``
+# or an IN list.
 LOCK_JOB = (
     "UPDATE ai_job SET lifecycle_status = 'running', locked_by = %s, locked_at = {now}, "
     'lock_until = {now_plus}, started_at = COALESCE(started_at, {now}), '
     'attempt_no = attempt_no + 1, updated_at = {now} '
-    "WHERE id = %s AND (lifecycle_status = 'queued' OR (lifecycle_status = 'running' "
+    "WHERE {ids} AND (lifecycle_status = 'queued' OR (lifecycle_status = 'running' "
     'AND lock_until < {now} AND cancel_requested_at IS NULL AND ({attempts_left})))'
 )
+# After a batch lock (MariaDB has no UPDATE … RETURNING): the rows of the batch this instance
+# holds, with their snapshots and lock times (lock_jobs tells this lock's rows by their time).
+_SELECT_LOCKED = (
+    'SELECT %s, j.locked_at, s.content FROM ai_job j '
+    'LEFT JOIN ai_job_snapshot s ON s.job_id = j.id '
+    "WHERE j.id IN (%%s) AND j.locked_by = %%%%s AND j.lifecycle_status = 'running'"
+    % ', '.join('j.' + name for name in RUN_COLUMNS)
+)
+_SELECT_SNAPSHOTS = 'SELECT job_id, content FROM ai_job_snapshot WHERE job_id IN (%s)'
+# Jobs one batch lock takes at most (a bound on its IN list).
+LOCK_BATCH = 100
 CANCELLED_VALUES = {'error_code': 'CANCELLED', 'public_error_message': 'The job was cancelled.'}
 # Held jobs per heartbeat statement (a bound on the statement's size and its IN list).
 EXTEND_BATCH = 500
@@ -180,9 +196,8 @@ class AiJobLifecycleRepository:
             "(queue_name = '%s' AND attempt_no < %d)" % (name, count)
             for name, count in sorted(self.queue_attempts.items())
         )
-        self._lock_statement = Statement(
-            LOCK_JOB.replace('{attempts_left}', attempts_left or 'FALSE')
-        )
+        self._lock_text = LOCK_JOB.replace('{attempts_left}', attempts_left or 'FALSE')
+        self._lock_statement = Statement(self._lock_text.replace('{ids}', 'id = %s'))
 
     # ------------------------------------------------------------ create
     def create_job(
@@ -256,6 +271,59 @@ class AiJobLifecycleRepository:
         row = self.store.execute(SELECT_JOB_AND_SNAPSHOT, (job_id,)).fetchone()
         job = job_from_row(RUN_COLUMNS, row[:-1])
         return job, AiJobSnapshot.content.python_value(row[-1])
+
+    def lock_jobs(self, job_ids, instance_id, lock_ttl_ms=None):
+        """``lock_job_with_snapshot`` for several jobs: one CAS UPDATE over all of them (one
+        commit), then their rows. Returns [(job, snapshot content)] for the jobs this call
+        locked, in ``job_ids``' order; the others (locked elsewhere, finished, gone) are left
+        out, as a refused ``lock_job`` would be. At most LOCK_BATCH ids per call."""
+        ids = list(dict.fromkeys(job_ids))  # a duplicate message: one lock
+        assert len(ids) <= LOCK_BATCH, 'lock at most LOCK_BATCH jobs at once'
+        if not ids:
+            return []
+        ttl = self.store.ms_param(lock_ttl_ms or self.lock_ttl_ms)
+        marks = placeholders(len(ids))
+        update = self._lock_text.replace('{ids}', 'id IN (%s)' % marks)
+        if self.store.dialect == 'sqlite':
+            locked = self._lock_returning(update, [instance_id, ttl] + ids, ids)
+        else:
+            locked = self._lock_then_read(update, [instance_id, ttl] + ids, ids, instance_id)
+        order = {job_id: i for i, job_id in enumerate(ids)}
+        return sorted(locked, key=lambda pair: order[pair[0].id])
+
+    def _lock_returning(self, update, params, ids):
+        """SQLite: the UPDATE returns exactly the rows it changed; their snapshots follow."""
+        returning = ' RETURNING ' + ', '.join(RUN_COLUMNS)
+        rows = self.store.execute(statement(update + returning), params).fetchall()
+        if not rows:
+            return []
+        locked_ids = [row[0] for row in rows]
+        content = AiJobSnapshot.content.python_value
+        snapshots = dict(
+            self.store.execute(
+                statement(_SELECT_SNAPSHOTS % placeholders(len(locked_ids))), locked_ids
+            ).fetchall()
+        )
+        return [(job_from_row(RUN_COLUMNS, row), content(snapshots.get(row[0]))) for row in rows]
+
+    def _lock_then_read(self, update, params, ids, instance_id):
+        """MariaDB/MySQL: the UPDATE, then one read of the batch's rows this instance holds,
+        joined with their snapshots. A row this instance held before (a lock it still has, or
+        handed back, from an earlier attempt) is told from this lock's by ``locked_at``: the
+        database clock is read once per statement, so this lock's rows share one time, later
+        than any earlier statement's."""
+        changed = self.store.execute(statement(update), params).rowcount
+        if changed == 0:
+            return []
+        select = statement(_SELECT_LOCKED % placeholders(len(ids)))
+        rows = self.store.execute(select, ids + [instance_id]).fetchall()
+        latest = max(row[-2] for row in rows)
+        rows = [row for row in rows if row[-2] == latest]
+        if len(rows) != changed:  # the clock went back: no row can be told for sure
+            log_event('job.batch_lock_unclear', logging.WARNING, locked=changed, matched=len(rows))
+            return []
+        content = AiJobSnapshot.content.python_value
+        return [(job_from_row(RUN_COLUMNS, row[:-2]), content(row[-1])) for row in rows]
 
     def extend_locks(self, job_ids, instance_id, lock_ttl_ms=None):
         """Heartbeat: push ``lock_until`` forward for every running job of ``job_ids`` that

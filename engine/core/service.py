@@ -6,6 +6,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
+from . import metrics
 from .errors import (
     IdempotencyKeyReusedError,
     InvalidInputError,
@@ -126,6 +127,7 @@ class AiJobService:
             if existing is None:
                 raise
             return self._replay(existing, fingerprint)
+        metrics.job_created(job.job_type, job.queue_name)
         if self.dispatch_now is not None:
             self.dispatch_now(event)
         return CreateResult(job, True)
@@ -197,6 +199,8 @@ class AiJobService:
                 public_message='Jobs of this type cannot be cancelled.',
             )
         job = self.lifecycle.mark_cancelled(job_id)
+        if job.lifecycle_status == CANCELLED:  # it was queued: finished now
+            metrics.job_finished(job.job_type, job.queue_name, CANCELLED)
         if job.lifecycle_status == 'running' and self.cancel_signal is not None:
             self.cancel_signal(job_id)
         return job

@@ -161,8 +161,11 @@ class WebhookRepository:
     def _record(self, delivery, claimer, values):
         """Only the claimer records, and only while its claim holds (a sender that outlived
         its lease lost the delivery to another, which records instead)."""
-        values = dict(values, **{WebhookDelivery.locked_by: None})
-        values[WebhookDelivery.updated_at] = self.store.now()
+        values = {
+            **values,
+            WebhookDelivery.locked_by: None,
+            WebhookDelivery.updated_at: self.store.now(),
+        }
         return bool(
             WebhookDelivery.update(values)
             .where(

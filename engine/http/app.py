@@ -19,6 +19,7 @@ import time
 import bottle
 import peewee
 
+from ..core import metrics
 from ..core.errors import (
     AiJobError,
     ForbiddenError,
@@ -47,6 +48,8 @@ from . import params as admin_jobs
 from . import views
 from .auth import TokenStore, bearer_token
 from .dashboard import Dashboard
+from .metrics_view import CONTENT_TYPE as METRICS_TYPE
+from .metrics_view import MetricsAccess, scrape
 from .openapi import build_openapi
 from .openapi_dashboard import dashboard_paths
 from .openapi_push import push_paths, push_schemas
@@ -128,6 +131,9 @@ class _Guard:
             bottle.request.environ['aijob.request_timeout_s'] = self.request_timeout_s
             result = self._run(callback, uses_db, args, kwargs)
             _access_log(route, result.status_code, started, kwargs.get('job_id'))
+            metrics.http_request(
+                route.method, route.rule, result.status_code, time.monotonic() - started
+            )
             return result
 
         return guarded
@@ -481,6 +487,7 @@ class Api:
             runtime.registry, dict(push_paths(), **dashboard_paths()), push_schemas()
         )
         self.push = WebhookEndpoints(runtime)
+        self.metrics_access = MetricsAccess(runtime.store, runtime.config.metrics_token)
 
     # -- auth
     def caller(self):
@@ -726,6 +733,16 @@ class Api:
     def openapi_document(self):
         return reply(self.openapi)
 
+    def metrics(self):
+        """The Prometheus scrape (README "Metrics"): admin token or AIJOB_METRICS_TOKEN."""
+        principal = self.metrics_access.check(_header('Authorization'))
+        bottle.request.environ['aijob.principal'] = principal
+        return bottle.HTTPResponse(
+            body=scrape(self.runtime),
+            status=200,
+            headers={'Content-Type': METRICS_TYPE, 'Cache-Control': 'no-store'},
+        )
+
 
 def _check(ping):
     try:
@@ -767,6 +784,7 @@ def create_app(runtime):
         ('GET', '/healthz', api.healthz, False),
         ('GET', '/readyz', api.readyz, False),
         ('GET', '/openapi.json', api.openapi_document, False),
+        ('GET', '/metrics', api.metrics, True),
     )
     routes += Dashboard(runtime).routes()
     for method, path, callback, uses_db in routes:

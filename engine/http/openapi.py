@@ -518,6 +518,21 @@ def _operations_paths():
                 ),
             }
         },
+        '/metrics': {
+            'get': {
+                'summary': 'Prometheus metrics, text exposition format (SUPER_ADMIN, or the '
+                'AIJOB_METRICS_TOKEN bearer).',
+                'responses': dict(
+                    {
+                        '200': {
+                            'description': 'The scrape.',
+                            'content': {'text/plain': {'schema': {'type': 'string'}}},
+                        }
+                    },
+                    **_errors(401, 403, 503),
+                ),
+            }
+        },
         '/openapi.json': {
             'get': {
                 'summary': 'This document.',

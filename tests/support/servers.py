@@ -297,6 +297,10 @@ class SentinelGroup:
         return self
 
     def _settled(self):
+        for replica in self.replicas:
+            link = replica.client(decode_responses=True).info('replication')
+            if link.get('master_link_status') != 'up':
+                return False
         for sentinel in self.sentinels:
             client = sentinel.client(decode_responses=True)
             if len(client.sentinel_slaves(self.service)) < len(self.replicas):

@@ -66,10 +66,14 @@ class OpenApiCheck:
                 template,
                 response,
             )
-            schema = documented.get('content', {}).get('application/json', {}).get('schema')
+            content = documented.get('content', {})
+            schema = content.get('application/json', {}).get('schema')
             if schema is not None:
                 assert response.headers.get('content-type', '').startswith('application/json')
                 self._validate(schema, response)
+            elif content:  # not JSON (text/plain metrics): the documented media type
+                media_type = response.headers.get('content-type', '').split(';')[0].strip()
+                assert media_type in content, (method, template, media_type)
             else:
                 assert response.body == b'', response
         self.checked += 1
