@@ -13,15 +13,21 @@ group runs again without it. A deadlock retries the whole group; a store that ca
 fails every work left (each caller then waits out the outage on its own).
 """
 
+import contextlib
 import functools
 import logging
 import threading
 
 from .logs import log_event
+from .sql import rows_together
 
 
 class _Rollback(Exception):
     """One work failed: roll the group's transaction back."""
+
+
+class _RowsFailed(Exception):
+    """The rows the works wrote together failed, and no one work can be named for it."""
 
 
 class _Ticket:
@@ -72,9 +78,13 @@ class GroupCommit:
 
     def _commit(self, group):
         left = [(member, i) for member in group for i in range(len(member.works))]
+        together = True
         while left:
             try:
-                self.store.run_in_transaction(functools.partial(self._all, left))
+                self.store.run_in_transaction(functools.partial(self._all, left, together))
+            except _RowsFailed:
+                together = False  # again, each work's rows written at once: the culprit shows
+                continue
             except _Rollback as rollback:
                 member, i, exc = rollback.args
             except Exception as exc:  # the store: every work left fails with it
@@ -94,13 +104,22 @@ class GroupCommit:
                 error_type=exc.__class__.__name__,
             )
 
-    def _all(self, left, tx):
-        """Every work of ``left`` in the transaction ``tx``; the first that raises rolls it back
-        (_Rollback names it)."""
-        for member, i in left:
-            try:
-                member.works[i](tx)
-            except Exception as exc:
-                if self.store.is_transient(exc) or self.store.is_unreachable(exc):
-                    raise  # the transaction's trouble, not this work's
-                raise _Rollback(member, i, exc) from exc
+    def _all(self, left, together, tx):
+        """Every work of ``left`` in the transaction ``tx``, their rows written ``together``
+        (sql.rows_together: one INSERT per statement for the whole group); the first work that
+        raises rolls it back (_Rollback names it)."""
+        try:
+            with rows_together() if together else contextlib.nullcontext():
+                for member, i in left:
+                    try:
+                        member.works[i](tx)
+                    except Exception as exc:
+                        if self.store.is_transient(exc) or self.store.is_unreachable(exc):
+                            raise  # the transaction's trouble, not this work's
+                        raise _Rollback(member, i, exc) from exc
+        except _Rollback:
+            raise
+        except Exception as exc:
+            if self.store.is_transient(exc) or self.store.is_unreachable(exc):
+                raise
+            raise _RowsFailed() from exc
