@@ -207,3 +207,14 @@ CREATE TABLE IF NOT EXISTS `dashboard_session` (
   PRIMARY KEY (`session_hash`),
   KEY `dashboard_session_expires_at` (`expires_at`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- One row per named lease (architecture decision 12): the `housekeeping` lease's holder runs the
+-- reaper, reconciler, outbox polling, webhook fan-out and purge. Taken and renewed by CAS on the
+-- database clock; released on a clean shutdown.
+CREATE TABLE IF NOT EXISTS `leader_lease` (
+  `name` VARCHAR(64) NOT NULL,
+  `holder` VARCHAR(128) NOT NULL,               -- the holding process's instance id
+  `acquired_at` DATETIME(6) NOT NULL,           -- when this holder took it
+  `expires_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`name`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;

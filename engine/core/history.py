@@ -19,23 +19,29 @@ DISPATCHED = 'dispatched'  # claimed for a push to its queue, the push following
 STARTED = 'started'  # the first lock: attempt 1, queued → running
 TAKEN_OVER = 'taken_over'  # a later lock of a running job whose lock expired or was handed back
 RETRY_SCHEDULED = 'retry_scheduled'
+WORKER_LOST = 'worker_lost'  # the reaper found the lock expired and handed the job on
 PROGRESS = 'progress'  # a milestone: at most one per 10 points of progress and attempt
 CANCEL_REQUESTED = 'cancel_requested'
 SUCCEEDED = 'succeeded'
 FAILED = 'failed'
 CANCELLED = 'cancelled'
+RETRIED = 'retried'  # an admin made a new job from this finished one (its id in the detail)
 KINDS = (
     CREATED,
     DISPATCHED,
     STARTED,
     TAKEN_OVER,
     RETRY_SCHEDULED,
+    WORKER_LOST,
     PROGRESS,
     CANCEL_REQUESTED,
     SUCCEEDED,
     FAILED,
     CANCELLED,
+    RETRIED,
 )
+# Progress milestones are this many points apart.
+PROGRESS_STEP = 10
 
 # Detail keys only an admin sees: which process did it, and error text not meant for users.
 ADMIN_ONLY = frozenset(('worker', 'dispatcher', 'internalMessage'))
@@ -64,6 +70,11 @@ def insert_events(store, events):
         for params in rows:
             insert_row(_INSERT, _ROW, params)
     return len(events)
+
+
+def progress_milestone(percent):
+    """The milestone ``percent`` reaches: 0, 10, … 100."""
+    return percent - percent % PROGRESS_STEP
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,12 @@ purger, which keeps the snapshot and outbox tables from growing without bound.""
 import logging
 
 from ..core import metrics
-from ..core.errors import IllegalTransitionError, InternalJobError, JobLockConflictError
+from ..core.errors import (
+    IllegalTransitionError,
+    InternalJobError,
+    JobLockConflictError,
+    QueueUnavailableError,
+)
 from ..core.lifecycle import ExpiredLockFence
 from ..core.logs import log_event
 from .queue import Message
@@ -18,7 +23,11 @@ def message_for_job(job):
 class Reaper:
     """Running jobs whose lock expired ``reap_after_ms`` ago: finish a requested cancel, hand
     the job to another worker while its queue allows another attempt, else fail it
-    INTERNAL_WORKER_LOST. Also moves back the messages of consumers that stopped heartbeating."""
+    INTERNAL_WORKER_LOST. Also moves back the messages of consumers that stopped heartbeating.
+
+    The database decides and the queue only carries the hand-over: during a queue outage the
+    cancels and failures are still written, and the hand-overs wait for the queue's return (no
+    worker could pop them meanwhile)."""
 
     def __init__(self, lifecycle, queue, reap_after_ms=90_000):
         self.lifecycle = lifecycle
@@ -27,19 +36,24 @@ class Reaper:
 
     def sweep(self):
         """One pass; returns counts of messages recovered and jobs republished, failed,
-        cancelled or skipped."""
-        counts = {
-            'recovered': self.queue.recover_orphans(),
-            'republished': 0,
-            'failed': 0,
-            'cancelled': 0,
-            'skipped': 0,
-        }
+        cancelled, deferred (the queue is down) or skipped."""
+        counts = dict.fromkeys(
+            ('recovered', 'republished', 'failed', 'cancelled', 'deferred', 'skipped'), 0
+        )
+        queue_up = True
+        try:
+            counts['recovered'] = self.queue.recover_orphans()
+        except QueueUnavailableError:
+            queue_up = False
         for job in self.lifecycle.find_expired_locks(self.reap_after_ms):
-            counts[self._reap(job)] += 1
+            outcome = self._reap(job, queue_up)
+            queue_up = queue_up and outcome != 'deferred'
+            counts[outcome] += 1
+        if counts['deferred']:
+            log_event('reaper.republish_deferred', logging.WARNING, count=counts['deferred'])
         return counts
 
-    def _reap(self, job):
+    def _reap(self, job, queue_up):
         fence = ExpiredLockFence(job.attempt_no, self.reap_after_ms)
         try:
             if job.cancel_requested_at is not None:
@@ -47,17 +61,7 @@ class Reaper:
                 metrics.job_finished(job.job_type, job.queue_name, 'cancelled')
                 return 'cancelled'
             if job.attempt_no < self.lifecycle.attempts_allowed(job.queue_name):
-                # The dead worker's message may be gone (Redis lost it) or still held by a live
-                # but stuck process: push anyway; the lock CAS lets one worker take over.
-                self.queue.push(message_for_job(job), force=True)
-                log_event(
-                    'job.worker_lost',
-                    logging.WARNING,
-                    job_id=job.id,
-                    worker=job.locked_by,
-                    outcome='republished',
-                )
-                return 'republished'
+                return self._republish(job) if queue_up else 'deferred'
             self.lifecycle.mark_failed(
                 job.id,
                 InternalJobError(
@@ -79,6 +83,23 @@ class Reaper:
             return 'failed'
         except (JobLockConflictError, IllegalTransitionError):
             return 'skipped'  # its worker heartbeated or finished meanwhile: keep it
+
+    def _republish(self, job):
+        """The dead worker's message may be gone (Redis lost it) or still held by a live but
+        stuck process: push anyway; the lock CAS lets one worker take over."""
+        try:
+            self.queue.push(message_for_job(job), force=True)
+        except QueueUnavailableError:
+            return 'deferred'
+        self.lifecycle.record_worker_lost(job)
+        log_event(
+            'job.worker_lost',
+            logging.WARNING,
+            job_id=job.id,
+            worker=job.locked_by,
+            outcome='republished',
+        )
+        return 'republished'
 
 
 class Reconciler:

@@ -6,7 +6,7 @@ Only the queue module uses it; everything above sees the queue contract.
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from ..core.redis_url import CLUSTER, SENTINEL, parse_redis_url
 
@@ -37,10 +37,24 @@ def connect(url):
     return redis.Redis.from_url(url, health_check_interval=HEALTH_CHECK_S, **common)
 
 
+class FollowingConnection(SentinelManagedConnection):
+    """A Sentinel-managed connection that asks the sentinels for the master on every
+    reconnect. redis-py 8.1's asks only when the pool hands a connection out: a command's own
+    retries (after a ConnectionError, or a ReadOnlyError it turns into one) reconnect through
+    ``send_packed_command`` to the address the connection had, the old master, so every retry
+    of that call fails READONLY or refused, or writes to a master about to be demoted."""
+
+    def send_packed_command(self, command, check_health=True):
+        if not self._sock:
+            self.connect()  # SentinelManagedConnection.connect: the master as named now
+        super().send_packed_command(command, check_health)
+
+
 def _sentinel_master(target, common):
-    """The master of ``target.service``. Its pool asks the sentinels for the master's address
-    whenever it opens a connection, and drops its connections when a command finds the server
-    read-only (a demoted master): after a failover the next call reaches the new master."""
+    """The master of ``target.service``. Every (re)connection asks the sentinels for the
+    master's address, and a command that finds the server read-only (a demoted master) drops
+    its connection: after a failover the next call, or the next retry of this one, reaches the
+    new master."""
     sentinel = Sentinel(
         list(target.nodes),
         sentinel_kwargs=dict(
@@ -55,6 +69,7 @@ def _sentinel_master(target, common):
         username=target.username,
         password=target.password,
         health_check_interval=HEALTH_CHECK_S,
+        connection_class=FollowingConnection,
         **common,
     )
 

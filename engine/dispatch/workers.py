@@ -16,22 +16,32 @@ from ..core.errors import JobLockConflictError, QueueUnavailableError
 from ..core.lifecycle import RUNNING
 from ..core.logs import log_event
 from ..execution.engine import ExecutionEngine
+from .leader import Leadership
 from .webhooks import run_webhooks
 
 EXIT_FORCED = 3  # a second SIGTERM/SIGINT: exit now, takeover recovers the jobs
 
 
-def run_every(name, interval_s, step, stop, connection):
-    """A daemon thread calling ``step()`` every ``interval_s`` until ``stop`` is set; errors are
-    logged and the loop goes on (a store or Redis outage must not kill it)."""
+def run_every(name, interval_s, step, stop, connection, active=None):
+    """A daemon thread calling ``step()`` every ``interval_s`` until ``stop`` is set, skipping
+    the turns when ``active()`` says no (housekeeping on a follower). An error is logged when a
+    loop starts failing and again when it recovers, not at every turn of an outage, and the loop
+    goes on (a store or Redis outage must not kill it)."""
 
     def loop():
+        failing = False
         while not stop.is_set():
-            try:
-                with connection():
-                    step()
-            except Exception:
-                log_event('loop.step_failed', logging.ERROR, exc_info=True, loop=name)
+            if active is None or active():
+                try:
+                    with connection():
+                        step()
+                    if failing:
+                        failing = False
+                        log_event('loop.recovered', loop=name)
+                except Exception:
+                    if not failing:
+                        failing = True
+                        log_event('loop.step_failed', logging.ERROR, exc_info=True, loop=name)
             stop.wait(interval_s)
 
     thread = threading.Thread(target=loop, name=name, daemon=True)
@@ -185,10 +195,20 @@ class Supervisor:
         self.heartbeat_ttl_ms = runtime.config.reap_after_ms
 
     def beat(self):
-        """The 30 s heartbeat (contracts §1.7): consumer key, then every held lock — in two
-        statements per batch of held jobs however many this worker runs."""
-        self.queue.heartbeat(self.consumer_id, self.heartbeat_ttl_ms)
+        """The heartbeat (contracts §1.7): every held lock, then this consumer's key. The locks
+        come first and never wait on Redis: a queue outage must not let a live job's lock expire
+        (the reaper would hand it to another worker)."""
+        self.extend_held_locks()
+        self.refresh_consumer_key()
+
+    def extend_held_locks(self):
+        """Every lock this worker holds, in two statements per batch however many it runs."""
         self.extend_locks(self.engine.held_attempts())
+
+    def refresh_consumer_key(self):
+        """This consumer's heartbeat key in the queue: while it lives, the reaper leaves its
+        processing list alone."""
+        self.queue.heartbeat(self.consumer_id, self.heartbeat_ttl_ms)
 
     def extend_locks(self, attempts):
         """Extend the locks of ``attempts`` (lifecycle.extend_locks); an attempt whose fence no
@@ -221,7 +241,9 @@ class Supervisor:
 
 
 class Worker:
-    """Dispatcher + worker pools + supervisor + reaper + reconciler, in this process."""
+    """Worker pools, supervisor and the housekeeping loops, in this process. The housekeeping
+    (reaper, reconciler, outbox polling, webhook fan-out, purge) runs only while this process
+    holds the leader lease (architecture decision 12); the rest runs in every process."""
 
     def __init__(self, runtime, with_maintenance=True):
         self.runtime = runtime
@@ -246,6 +268,7 @@ class Worker:
             ),
         ]
         self.supervisor = Supervisor(runtime, self.engine, runtime.instance_id)
+        self.leadership = Leadership(runtime.store, runtime.instance_id, config.leader_lease_ms)
         self.with_maintenance = with_maintenance
         self.stop_event = threading.Event()
         self.threads = []
@@ -253,88 +276,36 @@ class Worker:
     def start(self):
         rt, config, conn = self.runtime, self.runtime.config, self.runtime.store.connection
         self._first_beat()
-        self.threads.append(
-            threading.Thread(
-                target=rt.dispatcher.run,
-                args=(self.stop_event, conn),
-                name='dispatcher',
-                daemon=True,
-            )
-        )
-        self.threads[-1].start()
+        # The first attempt at the lease before anything else, so a process alone leads at once.
+        first_wait = self.leadership.step()
+        self._thread('leader', self.leadership.run, self.stop_event, first_wait)
+        lead = self.leadership.held
+        self._thread('dispatcher', rt.dispatcher.run, self.stop_event, conn, lead)
         # Webhooks on a thread of their own, sending from their own bounded pool: a slow
-        # receiver never takes a job thread or delays the dispatcher.
-        self.threads.append(
-            threading.Thread(
-                target=run_webhooks,
-                args=(
-                    rt.webhook_fanout,
-                    rt.webhook_sender,
-                    self.stop_event,
-                    conn,
-                    config.outbox_poll_ms / 1000.0,
-                ),
-                name='webhooks',
-                daemon=True,
-            )
+        # receiver never takes a job thread or delays the dispatcher. Every process sends; the
+        # leader alone fans out.
+        self._thread(
+            'webhooks',
+            run_webhooks,
+            rt.webhook_fanout,
+            rt.webhook_sender,
+            self.stop_event,
+            conn,
+            config.outbox_poll_ms / 1000.0,
+            lead,
         )
-        self.threads[-1].start()
-        self.threads.append(
-            run_every(
-                'heartbeat',
-                config.heartbeat_ms / 1000.0,
-                self.supervisor.beat,
-                self.stop_event,
-                conn,
-            )
-        )
-        self.threads.append(
-            run_every(
-                'cancel-signals',
-                0.2,
-                self.supervisor.check_cancel_signals,
-                self.stop_event,
-                _no_connection,
-            )
-        )
+        heartbeat_s = config.heartbeat_ms / 1000.0
+        self._every('lock-extension', heartbeat_s, self.supervisor.extend_held_locks, conn)
+        self._every('heartbeat', heartbeat_s, self.supervisor.refresh_consumer_key, _no_connection)
+        self._every('cancel-signals', 0.2, self.supervisor.check_cancel_signals, _no_connection)
         if self.with_maintenance:
-            self.threads.append(
-                run_every(
-                    'reaper',
-                    config.reaper_interval_ms / 1000.0,
-                    rt.reaper.sweep,
-                    self.stop_event,
-                    conn,
-                )
-            )
-            self.threads.append(
-                run_every(
-                    'reconciler',
-                    config.reconcile_after_ms / 2000.0,
-                    rt.reconciler.sweep,
-                    self.stop_event,
-                    conn,
-                )
+            self._every('reaper', config.reaper_interval_ms / 1000.0, rt.reaper.sweep, conn, lead)
+            self._every(
+                'reconciler', config.reconcile_after_ms / 2000.0, rt.reconciler.sweep, conn, lead
             )
             # A queue that lost its data (Redis restarted empty) is noticed within a second.
-            self.threads.append(
-                run_every(
-                    'queue-epoch',
-                    QUEUE_EPOCH_CHECK_S,
-                    rt.reconciler.check_epoch,
-                    self.stop_event,
-                    conn,
-                )
-            )
-            self.threads.append(
-                run_every(
-                    'purger',
-                    config.purge_interval_ms / 1000.0,
-                    rt.purger.sweep,
-                    self.stop_event,
-                    conn,
-                )
-            )
+            self._every('queue-epoch', QUEUE_EPOCH_CHECK_S, rt.reconciler.check_epoch, conn, lead)
+            self._every('purger', config.purge_interval_ms / 1000.0, rt.purger.sweep, conn, lead)
         for pool in self.pools:
             pool.start()
         log_event(
@@ -342,16 +313,28 @@ class Worker:
             instance=rt.instance_id,
             interactive=config.interactive_concurrency,
             background=config.background_concurrency,
+            leader=self.leadership.held(),
         )
 
     def _first_beat(self):
-        """Heartbeat before the pools take anything. A queue that is down, failing over or
-        still electing its cluster's slots does not stop the worker: the heartbeat loop beats
-        again at once and every AIJOB_HEARTBEAT_MS, and the pools retry their pops."""
+        """The consumer key before the pools take anything, so no reaper takes this consumer
+        for dead. A queue that is down, failing over or still electing its cluster's slots does
+        not stop the worker: the heartbeat loop tries every AIJOB_HEARTBEAT_MS, and the pools
+        retry their pops."""
         try:
-            self.supervisor.beat()
+            self.supervisor.refresh_consumer_key()
         except QueueUnavailableError as exc:
             log_event('worker.first_heartbeat_failed', logging.WARNING, error=str(exc))
+
+    def _thread(self, name, target, *args):
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _every(self, name, interval_s, step, connection, active=None):
+        self.threads.append(
+            run_every(name, interval_s, step, self.stop_event, connection, active=active)
+        )
 
     def stop(self, grace_s):
         """Ordered stop within ``grace_s`` (plus a few seconds to hand back)."""
@@ -369,6 +352,7 @@ class Worker:
         self.runtime.webhook_sender.wake.set()
         for thread in self.threads:
             thread.join(2.0)
+        self.leadership.release()
         log_event(
             'worker.stopped',
             instance=self.runtime.instance_id,
