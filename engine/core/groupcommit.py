@@ -53,6 +53,8 @@ class GroupCommit:
         threads submit meanwhile. Returns one outcome per work once its transaction ended:
         None when it committed, else the exception it raised (nothing of it was written). Call
         it inside a unit of database work (the leader commits on its thread's connection)."""
+        if self.store.in_transaction():  # the caller's transaction: no one else's work joins it
+            return [self._alone(work) for work in works]
         ticket = _Ticket(list(works))
         with self._cond:
             self._waiting.append(ticket)
@@ -75,6 +77,14 @@ class GroupCommit:
                 self._leading = False
                 self._cond.notify_all()
         return ticket.outcomes
+
+    def _alone(self, work):
+        try:
+            with self.store.atomic() as tx:
+                work(tx)
+        except Exception as exc:
+            return exc
+        return None
 
     def _commit(self, group):
         left = [(member, i) for member in group for i in range(len(member.works))]
