@@ -623,6 +623,19 @@ class Api:
         log_event('job.cancel', job_id=job.id, job_type=job.job_type, status=job.lifecycle_status)
         return reply(self.status_body(job), 202 if job.lifecycle_status == RUNNING else 200)
 
+    def list_jobs(self):
+        """The caller's own jobs, newest first: the admin list's filters and cursor, always
+        restricted to the caller (a userId filter is refused, not honoured)."""
+        principal = self.caller()
+        params = _query()
+        if 'userId' in params:
+            raise InvalidRequestError('userId is for the admin list only', field='userId')
+        query = admin_jobs.parse_query(dict(params, userId=principal.user_id))
+        jobs, next_cursor = admin_jobs.list_jobs(query)
+        refs = views.artifact_refs([job.id for job in jobs if job.lifecycle_status == 'succeeded'])
+        items = [views.job_status(job, refs.get(job.id, ())) for job in jobs]
+        return reply({'items': items, 'nextCursor': next_cursor, 'limit': query.limit})
+
     # -- admin endpoints
     def admin_list_jobs(self):
         self.admin()
@@ -770,6 +783,7 @@ def create_app(runtime):
     app.aijob_api = api  # the server reaches the watch through it
     routes = (
         ('POST', '/api/ai/jobs', api.create_job, True),
+        ('GET', '/api/ai/jobs', api.list_jobs, True),
         ('GET', '/api/ai/jobs/<job_id>', api.get_job, False),  # takes its own connections
         ('GET', '/api/ai/jobs/<job_id>/artifacts', api.get_artifacts, True),
         ('GET', '/api/ai/jobs/<job_id>/events', api.get_events, True),

@@ -75,6 +75,29 @@ def _query_param(name, description, schema=None):
     }
 
 
+def _list_params(user_filter):
+    """The query parameters of a job list (engine/http/params.py)."""
+    params = [
+        _query_param('jobType', 'Only this job type.'),
+        _query_param(
+            'lifecycleStatus',
+            'Comma-separated statuses: %s; legacy names %s are accepted.'
+            % (', '.join(STATUSES), ', '.join(LEGACY_STATUS_TO_LIFECYCLE)),
+        ),
+        _query_param('queueName', 'Only this queue.', {'enum': list(QUEUE_NAMES)}),
+        _query_param('userId', 'Only this user.'),
+        _query_param('createdFrom', 'Created at or after (ISO-8601).', TIME),
+        _query_param('createdTo', 'Created before (ISO-8601).', TIME),
+        _query_param(
+            'limit',
+            'Page size (default %d).' % DEFAULT_PAGE_SIZE,
+            {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE_SIZE},
+        ),
+        _query_param('cursor', 'The nextCursor of the previous page.'),
+    ]
+    return [p for p in params if user_filter or p['name'] != 'userId']
+
+
 def _schemas(job_types):
     job_status = {
         'type': 'object',
@@ -243,6 +266,19 @@ def _schemas(job_types):
                 },
             },
         },
+        'JobList': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['items', 'nextCursor', 'limit'],
+            'properties': {
+                'items': {'type': 'array', 'items': _ref('JobStatusResponse')},
+                'nextCursor': {
+                    'type': ['string', 'null'],
+                    'description': 'Pass as `cursor` for the next page; null on the last page.',
+                },
+                'limit': {'type': 'integer'},
+            },
+        },
         'AdminJobList': {
             'type': 'object',
             'additionalProperties': False,
@@ -339,6 +375,14 @@ def _job_paths():
     job_id = _job_id_param()
     return {
         '/api/ai/jobs': {
+            'get': {
+                'summary': "The caller's own jobs, newest first (the admin list's filters, "
+                'without userId).',
+                'parameters': _list_params(user_filter=False),
+                'responses': dict(
+                    {'200': _json('One page.', _ref('JobList'))}, **_errors(400, 401, 503)
+                ),
+            },
             'post': {
                 'summary': 'Create a job for the caller (idempotent with a key).',
                 'parameters': [
@@ -363,7 +407,7 @@ def _job_paths():
                     },
                     **_errors(400, 401, 408, 413, 415, 422, 429, 503),
                 ),
-            }
+            },
         },
         '/api/ai/jobs/{jobId}': {
             'get': {
@@ -454,25 +498,7 @@ def _admin_paths():
         '/admin-api/ai/jobs': {
             'get': {
                 'summary': 'List jobs, newest first (SUPER_ADMIN).',
-                'parameters': [
-                    _query_param('jobType', 'Only this job type.'),
-                    _query_param(
-                        'lifecycleStatus',
-                        'Comma-separated statuses: %s; legacy names %s '
-                        'are accepted.'
-                        % (', '.join(STATUSES), ', '.join(LEGACY_STATUS_TO_LIFECYCLE)),
-                    ),
-                    _query_param('queueName', 'Only this queue.', {'enum': list(QUEUE_NAMES)}),
-                    _query_param('userId', 'Only this user.'),
-                    _query_param('createdFrom', 'Created at or after (ISO-8601).', TIME),
-                    _query_param('createdTo', 'Created before (ISO-8601).', TIME),
-                    _query_param(
-                        'limit',
-                        'Page size (default %d).' % DEFAULT_PAGE_SIZE,
-                        {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE_SIZE},
-                    ),
-                    _query_param('cursor', 'The nextCursor of the previous page.'),
-                ],
+                'parameters': _list_params(user_filter=True),
                 'responses': dict(
                     {'200': _json('One page.', _ref('AdminJobList'))}, **_errors(400, 401, 403, 503)
                 ),
