@@ -44,8 +44,8 @@ from ..core.models import AiJob
 from ..core.service import CreateJobInput
 from ..core.store import OperationalError
 from ..execution.usage import usage_totals
+from . import history_view, views
 from . import params as admin_jobs
-from . import views
 from .auth import TokenStore, bearer_token
 from .dashboard import Dashboard
 from .metrics_view import CONTENT_TYPE as METRICS_TYPE
@@ -607,6 +607,15 @@ class Api:
         job = self.visible_job(job_id, self.caller())
         return reply(views.artifact_contents(job))
 
+    def get_events(self, job_id):
+        """The job's transition history (architecture decision 14), oldest first: the owner's
+        view (no worker ids, no internal messages), or everything for SUPER_ADMIN."""
+        principal = self.caller()
+        job = self.visible_job(job_id, principal)
+        after, limit = history_view.parse_query(_query())
+        body = history_view.job_events(self.store, job, after, limit, full=principal.is_admin)
+        return reply(body)
+
     def cancel_job(self, job_id):
         principal = self.caller()
         job = self.visible_job(job_id, principal, admin_sees_all=False)
@@ -777,6 +786,7 @@ def create_app(runtime):
         ('GET', '/api/ai/jobs', api.list_jobs, True),
         ('GET', '/api/ai/jobs/<job_id>', api.get_job, False),  # takes its own connections
         ('GET', '/api/ai/jobs/<job_id>/artifacts', api.get_artifacts, True),
+        ('GET', '/api/ai/jobs/<job_id>/events', api.get_events, True),
         ('POST', '/api/ai/jobs/<job_id>/cancel', api.cancel_job, True),
         ('GET', '/admin-api/ai/jobs', api.admin_list_jobs, True),
         ('POST', '/admin-api/ai/jobs/<job_id>/retry', api.admin_retry_job, True),
