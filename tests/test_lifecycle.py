@@ -14,7 +14,7 @@ from engine.core.errors import (
     ProviderError,
 )
 from engine.core.lifecycle import ExpiredLockFence, Fence
-from engine.core.models import AiJob
+from engine.core.models import AiJob, AiJobEvent
 from tests.support.helpers import create_job, row, run_threads
 
 STATES = ('queued', 'running', 'succeeded', 'failed', 'cancelled')
@@ -237,7 +237,15 @@ def test_lock_jobs_locks_a_batch_in_one_statement_and_returns_only_what_it_locke
     ids = [free[0].id, taken.id, free[1].id, done.id, free[2].id, 'no-such-job', free[0].id]
     before = runtime.store.statement_count()
     locked = repo.lock_jobs(ids, 'worker-1')
-    assert runtime.store.statement_count() - before == 2  # the UPDATE, one read (or RETURNING)
+    # BEGIN, the UPDATE, one read (SQLite: RETURNING, then the snapshots), one INSERT of the
+    # three history rows, COMMIT
+    assert runtime.store.statement_count() - before == 5
+    started = AiJobEvent.select().where(
+        AiJobEvent.job_id.in_([j.id for j in free]) & (AiJobEvent.kind == 'started')
+    )
+    assert sorted((e.job_id, e.kind, e.attempt_no) for e in started) == sorted(
+        (j.id, 'started', 1) for j in free
+    )
     assert [job.id for job, _ in locked] == [j.id for j in free]
     for job, snapshot in locked:
         assert (job.lifecycle_status, job.locked_by, job.attempt_no) == ('running', 'worker-1', 1)

@@ -17,6 +17,7 @@ import functools
 import logging
 import threading
 
+from .history import one_insert
 from .logs import log_event
 
 
@@ -97,10 +98,11 @@ class GroupCommit:
     def _all(self, left, tx):
         """Every work of ``left`` in the transaction ``tx``; the first that raises rolls it back
         (_Rollback names it)."""
-        for member, i in left:
-            try:
-                member.works[i](tx)
-            except Exception as exc:
-                if self.store.is_transient(exc) or self.store.is_unreachable(exc):
-                    raise  # the transaction's trouble, not this work's
-                raise _Rollback(member, i, exc) from exc
+        with one_insert(self.store):  # the works' history rows: one INSERT for the group
+            for member, i in left:
+                try:
+                    member.works[i](tx)
+                except Exception as exc:
+                    if self.store.is_transient(exc) or self.store.is_unreachable(exc):
+                        raise  # the transaction's trouble, not this work's
+                    raise _Rollback(member, i, exc) from exc

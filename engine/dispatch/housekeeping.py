@@ -91,6 +91,7 @@ class Reaper:
             self.queue.push(message_for_job(job), force=True)
         except QueueUnavailableError:
             return 'deferred'
+        self.lifecycle.record_worker_lost(job)
         log_event(
             'job.worker_lost',
             logging.WARNING,

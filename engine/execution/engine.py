@@ -7,6 +7,7 @@ fenced by the lock this worker took (architecture decision 3); losing it mid-way
 attempt without writing anything.
 """
 
+import functools
 import logging
 import threading
 import time
@@ -26,6 +27,7 @@ from ..core.errors import (
     UnknownJobTypeError,
 )
 from ..core.groupcommit import GroupCommit
+from ..core.history import progress_milestone
 from ..core.lifecycle import CANCELLED, FAILED, SUCCEEDED, Fence
 from ..core.logs import log_event
 from ..core.models import AiJob, canonical_hash
@@ -53,6 +55,7 @@ class Attempt:
     fence: Fence
     snapshot: dict = None  # the job's frozen {"input", "overrides"}, read with the lock
     retries_used: int = 0  # provider calls retried so far, this attempt's and earlier ones'
+    milestone: int = 0  # the last progress milestone this attempt wrote to the history
     cancel_event: threading.Event = field(default_factory=threading.Event)
     abandoned: bool = False
     internal_retries: int = 0  # retries after an internal error (bounded apart)
@@ -318,11 +321,20 @@ class ExecutionEngine:
                 delay_s=round(delay_s, 2),
             )
             metrics.job_retried(a.job.job_type, failure.code)
-            self._wait(a, delay_s)
+            # Counted (and written to the history) when scheduled, so the backoff shows.
+            schedule = functools.partial(
+                self.lifecycle.count_retry,
+                a.job.id,
+                a.fence,
+                retry_no=a.retries_used + 1,
+                error=failure,
+                backoff_ms=delay_s * 1000,
+            )
+            self._until_written(a, schedule)
             a.retries_used += 1
             a.internal_retries += isinstance(failure, InternalJobError)
             failure = None
-            self._until_written(a, lambda: self.lifecycle.count_retry(a.job.id, a.fence))
+            self._wait(a, delay_s)
 
     def _call(self, a, resolved, call_no):
         """One provider call: generate within the deadline, validate, safety on output. Every
@@ -395,9 +407,14 @@ class ExecutionEngine:
         )
 
     def _set_progress(self, a, percent):
+        percent = max(0, min(100, int(percent)))
+        milestone = progress_milestone(percent)
         try:
             with self._unit():
-                self.lifecycle.set_progress(a.job.id, a.fence, percent)
+                self.lifecycle.set_progress(
+                    a.job.id, a.fence, percent, milestone=milestone > a.milestone
+                )
+            a.milestone = max(a.milestone, milestone)
         except Exception as exc:  # progress is a hint: an outage must not fail the call
             if not self.store.is_unreachable(exc):
                 raise
