@@ -12,6 +12,7 @@ import redis
 from engine.core.errors import QueueUnavailableError
 from engine.core.models import AiJob
 from engine.dispatch.queue import Message
+from engine.dispatch.redis_client import connect
 from engine.dispatch.redis_queue import RedisQueue
 from engine.http.app import create_app
 from tests.support.helpers import create_job, wait_until
@@ -327,3 +328,44 @@ def test_a_worker_started_while_redis_is_down_waits_for_it(tmp_path, own_databas
         procs.close()
         runtime.close()
         server.stop()
+
+
+def test_a_reconnect_inside_a_call_goes_to_the_master_the_sentinels_name_now(sentinel_group):
+    """A command's own retries reconnect through ``send_packed_command``; redis-py 8.1 sends
+    them to the address the connection had (the demoted master). Ours ask the sentinels."""
+    client = connect(sentinel_group.url)
+    client.set('aijob-follow', '1')
+    old_port = sentinel_group.master_port()
+    conn = client.connection_pool.get_connection()
+    assert conn.port == old_port
+    sentinel = sentinel_group.sentinels[0].client()
+    wait_until(lambda: _failover(sentinel, sentinel_group.service), timeout=20, interval=0.2)
+    wait_until(lambda: sentinel_group.agreed_master_port() not in (None, old_port), timeout=20)
+    conn.disconnect()  # as a retry does after a ConnectionError or READONLY
+    conn.send_command('SET', 'aijob-follow', '2')
+    assert conn.read_response() == 'OK'
+    assert conn.port == sentinel_group.master_port() != old_port
+    client.connection_pool.release(conn)
+    client.close()
+
+
+def test_a_cluster_that_lost_a_primary_is_not_ready_until_it_returns(redis_cluster):
+    """A primary without a replica killed: its slots are uncovered, the cluster refuses calls,
+    and the check's writes (one per shard, on each shard's node) fail; when the node returns
+    with its slots, ready again. The queue's client is the same throughout: no restart."""
+    queue = RedisQueue(redis_cluster.url, prefix='lost', shards=4)
+    queue.check_ready()
+    victim = redis_cluster.nodes[1]
+    victim.kill()
+    wait_until(lambda: not _ready(queue), timeout=20, interval=0.2)
+    victim.start()
+    wait_until(lambda: _ready(queue), timeout=30, interval=0.2)
+    queue.close()
+
+
+def _ready(queue):
+    try:
+        queue.check_ready()
+        return True
+    except QueueUnavailableError:
+        return False

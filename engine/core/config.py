@@ -304,6 +304,14 @@ SETTINGS = (
         'Worker threads for the ai-background queue.',
     ),
     Setting(
+        'AIJOB_CLAIM_AHEAD_MS',
+        '20',
+        non_negative_int,
+        'How much work a worker thread takes at once: it pops and locks as many jobs as it '
+        'expects to finish in this many milliseconds (from the time jobs took so far; at least '
+        'one, at most 50), and commits their results together. 0: one job at a time.',
+    ),
+    Setting(
         'AIJOB_SHUTDOWN_GRACE_MS',
         '30000',
         positive_int,

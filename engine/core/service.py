@@ -16,7 +16,7 @@ from .errors import (
     QuotaExceededError,
     TooManyJobsError,
 )
-from .history import CREATED, DISPATCHED, NewEvent, insert_events
+from .history import CREATED, DISPATCHED, RETRIED, NewEvent, insert_events
 from .lifecycle import CANCELLED, FAILED, TERMINAL
 from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
 from .outbox import ENQUEUE_EVENT
@@ -168,7 +168,12 @@ class AiJobService:
             payload=enqueue_payload(job),
             claimed_by=claimed_by,
         )
-        insert_events(self.store, creation_events(job, claimed_by))
+        retried_attempt = None
+        if job.retry_of_job_id:  # an admin retry: the old job's history says so too
+            retried_attempt = (
+                AiJob.select(AiJob.attempt_no).where(AiJob.id == job.retry_of_job_id).scalar()
+            )
+        insert_events(self.store, creation_events(job, claimed_by, retried_attempt))
         if request.webhook_url is not None:
             self.webhooks.create_endpoint(request.user_id, request.webhook_url, job_id=job_id)
         return job, event
@@ -276,10 +281,11 @@ class AiJobService:
         return AiJobSnapshot.delete().where(AiJobSnapshot.id.in_(ids)).execute()
 
 
-def creation_events(job, claimed_by):
+def creation_events(job, claimed_by, retried_attempt=None):
     """The history's first rows: ``created``, and ``dispatched`` when this process claimed the
     outbox event to push it right after commit (architecture decision 6): both in the creating
-    transaction, so the push can never come before its row."""
+    transaction, so the push can never come before its row. A retry of an old job adds the old
+    job's ``retried`` row (at its last attempt, ``retried_attempt``)."""
     detail = {'queue': job.queue_name, 'priority': job.priority}
     if job.retry_of_job_id:
         detail['retryOfJobId'] = job.retry_of_job_id
@@ -287,6 +293,10 @@ def creation_events(job, claimed_by):
     if claimed_by:
         events.append(
             NewEvent(job.id, DISPATCHED, 0, {'queue': job.queue_name, 'dispatcher': claimed_by})
+        )
+    if job.retry_of_job_id:
+        events.append(
+            NewEvent(job.retry_of_job_id, RETRIED, retried_attempt or 0, {'retryJobId': job.id})
         )
     return events
 

@@ -101,6 +101,7 @@ class Reaper:
         except QueueUnavailableError:
             return 'deferred'
         self._pushed[job.id] = (job.attempt_no, time.monotonic())
+        self.lifecycle.record_worker_lost(job)
         log_event(
             'job.worker_lost',
             logging.WARNING,

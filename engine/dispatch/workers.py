@@ -50,6 +50,33 @@ def run_every(name, interval_s, step, stop, connection, active=None):
 
 
 QUEUE_EPOCH_CHECK_S = 1.0
+# Jobs a worker thread takes at once at most (AIJOB_CLAIM_AHEAD_MS).
+CLAIM_MAX = 50
+
+
+class ClaimSize:
+    """How many jobs a worker thread pops and locks at once: as many as it expects to finish in
+    ``claim_ahead_ms``, from a moving average of the time its jobs took. Long jobs (an AI call of
+    seconds) are taken one at a time, so a worker never hoards work another could start now;
+    jobs of a millisecond are taken by the dozen, and their locks and results cost one commit
+    per batch instead of one per job."""
+
+    def __init__(self, claim_ahead_ms, most=CLAIM_MAX):
+        self.ahead_s = claim_ahead_ms / 1000.0
+        self.most = most
+        self.per_job_s = None  # unknown until the first batch
+
+    def next(self):
+        if not self.ahead_s or self.per_job_s is None:
+            return 1
+        return max(1, min(self.most, int(self.ahead_s / max(self.per_job_s, 1e-4))))
+
+    def observe(self, jobs, seconds):
+        per_job = seconds / max(1, jobs)
+        if self.per_job_s is None:
+            self.per_job_s = per_job
+        else:
+            self.per_job_s = 0.7 * self.per_job_s + 0.3 * per_job
 
 
 class WorkerPool:
@@ -57,12 +84,13 @@ class WorkerPool:
     database connection only while the engine does database work (``ExecutionEngine.execute``),
     never while a provider call waits, so ``concurrency`` may be far above AIJOB_DB_POOL_SIZE."""
 
-    def __init__(self, queue_name, concurrency, queue, engine, consumer_id):
+    def __init__(self, queue_name, concurrency, queue, engine, consumer_id, claim_ahead_ms=0):
         self.queue_name = queue_name
         self.concurrency = concurrency
         self.queue = queue
         self.engine = engine
         self.consumer_id = consumer_id
+        self.claim_ahead_ms = claim_ahead_ms
         self.stopping = threading.Event()
         self.threads = []
 
@@ -96,11 +124,43 @@ class WorkerPool:
             self.queue.ack(delivery)  # done, or a duplicate of a job run elsewhere
         return status
 
+    def run_batch(self, claim, timeout_s=1.0):
+        """Pop up to ``claim.next()`` messages, lock their jobs in one statement and run them
+        (``ExecutionEngine.execute_batch``), then ack them together. Returns {job id: status},
+        or 'empty' if no message came."""
+        deliveries = self.queue.pop_many(self.queue_name, self.consumer_id, claim.next(), timeout_s)
+        if not deliveries:
+            return 'empty'
+        if self.stopping.is_set():  # popped while stopping: not ours to start
+            for delivery in deliveries:
+                self.queue.release(delivery)
+            return {}
+        started = time.monotonic()
+        try:
+            statuses = self.engine.execute_batch(
+                [d.message.job_id for d in deliveries], self.claim_ahead_ms / 1000.0
+            )
+        except Exception:
+            for delivery in deliveries:  # as in run_one: never strand them in our list
+                self.queue.release(delivery)
+            raise
+        claim.observe(len(deliveries), time.monotonic() - started)
+        done = []
+        for delivery in deliveries:
+            status = statuses.get(delivery.message.job_id)
+            if status is None and self.stopping.is_set():
+                self.queue.release(delivery)  # handed back: another worker takes it over
+            else:
+                done.append(delivery)  # done, or a duplicate of a job run elsewhere
+        self.queue.ack_many(done)
+        return statuses
+
     def _loop(self):
         backoff = 0.0
+        claim = ClaimSize(self.claim_ahead_ms)
         while not self.stopping.is_set():
             try:
-                self.run_one(timeout_s=1.0)
+                self.run_batch(claim, timeout_s=1.0)
                 backoff = 0.0
             except QueueUnavailableError as exc:
                 backoff = min(10.0, max(0.2, backoff * 2))
@@ -198,6 +258,7 @@ class Worker:
                 runtime.queue,
                 self.engine,
                 runtime.instance_id,
+                config.claim_ahead_ms,
             ),
             WorkerPool(
                 'ai-background',
@@ -205,6 +266,7 @@ class Worker:
                 runtime.queue,
                 self.engine,
                 runtime.instance_id,
+                config.claim_ahead_ms,
             ),
         ]
         self.supervisor = Supervisor(runtime, self.engine, runtime.instance_id)

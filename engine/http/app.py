@@ -44,8 +44,8 @@ from ..core.models import AiJob
 from ..core.service import CreateJobInput
 from ..core.store import OperationalError
 from ..execution.usage import usage_totals
+from . import history_view, views
 from . import params as admin_jobs
-from . import views
 from .auth import TokenStore, bearer_token
 from .dashboard import Dashboard
 from .metrics_view import CONTENT_TYPE as METRICS_TYPE
@@ -607,12 +607,34 @@ class Api:
         job = self.visible_job(job_id, self.caller())
         return reply(views.artifact_contents(job))
 
+    def get_events(self, job_id):
+        """The job's transition history (architecture decision 14), oldest first: the owner's
+        view (no worker ids, no internal messages), or everything for SUPER_ADMIN."""
+        principal = self.caller()
+        job = self.visible_job(job_id, principal)
+        after, limit = history_view.parse_query(_query())
+        body = history_view.job_events(self.store, job, after, limit, full=principal.is_admin)
+        return reply(body)
+
     def cancel_job(self, job_id):
         principal = self.caller()
         job = self.visible_job(job_id, principal, admin_sees_all=False)
         job = self.runtime.service.cancel_job(job.id)
         log_event('job.cancel', job_id=job.id, job_type=job.job_type, status=job.lifecycle_status)
         return reply(self.status_body(job), 202 if job.lifecycle_status == RUNNING else 200)
+
+    def list_jobs(self):
+        """The caller's own jobs, newest first: the admin list's filters and cursor, always
+        restricted to the caller (a userId filter is refused, not honoured)."""
+        principal = self.caller()
+        params = _query()
+        if 'userId' in params:
+            raise InvalidRequestError('userId is for the admin list only', field='userId')
+        query = admin_jobs.parse_query(dict(params, userId=principal.user_id))
+        jobs, next_cursor = admin_jobs.list_jobs(query)
+        refs = views.artifact_refs([job.id for job in jobs if job.lifecycle_status == 'succeeded'])
+        items = [views.job_status(job, refs.get(job.id, ())) for job in jobs]
+        return reply({'items': items, 'nextCursor': next_cursor, 'limit': query.limit})
 
     # -- admin endpoints
     def admin_list_jobs(self):
@@ -761,8 +783,10 @@ def create_app(runtime):
     app.aijob_api = api  # the server reaches the watch through it
     routes = (
         ('POST', '/api/ai/jobs', api.create_job, True),
+        ('GET', '/api/ai/jobs', api.list_jobs, True),
         ('GET', '/api/ai/jobs/<job_id>', api.get_job, False),  # takes its own connections
         ('GET', '/api/ai/jobs/<job_id>/artifacts', api.get_artifacts, True),
+        ('GET', '/api/ai/jobs/<job_id>/events', api.get_events, True),
         ('POST', '/api/ai/jobs/<job_id>/cancel', api.cancel_job, True),
         ('GET', '/admin-api/ai/jobs', api.admin_list_jobs, True),
         ('POST', '/admin-api/ai/jobs/<job_id>/retry', api.admin_retry_job, True),

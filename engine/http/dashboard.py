@@ -137,6 +137,7 @@ class Dashboard:
             'csrf': csrf_token(session_id),
             'notice': notice,
             'refresh_ms': pages.LIVE_REFRESH_MS,
+            'job_refresh_ms': pages.JOB_REFRESH_MS,
             'queue_names': QUEUE_NAMES,
         }
 
