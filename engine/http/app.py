@@ -43,7 +43,7 @@ from ..core.lifecycle import RUNNING, TERMINAL
 from ..core.logs import log_event
 from ..core.models import AiJob
 from ..core.service import CreateJobInput
-from ..core.store import OperationalError
+from ..core.store import OperationalError, PoolExhausted
 from ..execution.usage import usage_totals
 from . import params as admin_jobs
 from . import stream, views
@@ -144,7 +144,7 @@ class _Guard:
             return error_reply(exc)
         except (KeyboardInterrupt, SystemExit, MemoryError):
             raise
-        except (OperationalError, peewee.InterfaceError):
+        except (OperationalError, peewee.InterfaceError, PoolExhausted):
             # The driver's error stays here; the client only learns that it may try again.
             log_event('http.store_unavailable', logging.WARNING, exc_info=True)
             return error_reply(StoreUnavailableError())
@@ -492,7 +492,7 @@ class Api:
             self.wait_poll_s,
             runtime.config.max_streams,
             runtime.config.max_streams_per_user,
-            read=lambda job_ids: stream.latest_event_ids(runtime.store, job_ids),
+            read=stream.watch_reader(runtime.store),
             too_many=TooManyStreamsError,
         )
         self.openapi = build_openapi(
@@ -610,19 +610,21 @@ class Api:
         with self.store.connection():
             principal = self.caller()
             after_id = stream.parse_last_event_id(_header('Last-Event-ID'))
-            job, _ = self.visible_status(job_id, principal)
-            done = after_id is not None and job.lifecycle_status in TERMINAL
-            if done and not JobHistory(self.store).list(job_id, after_id, 1):
+            fresh = after_id is None
+            if fresh:
+                # The latest event id before the status (READ COMMITTED): a change committed
+                # between the two reads is in the status and is also sent as the next event,
+                # never lost.
+                after_id = stream.latest_event_ids([job_id]).get(job_id, 0)
+            job, refs = self.visible_status(job_id, principal)
+            ended = job.lifecycle_status in TERMINAL
+            if not fresh and ended and not JobHistory(self.store).list(job_id, after_id, 1):
                 # Nothing after the client's last event and nothing will come: 204 tells an
                 # EventSource to stop reconnecting.
                 return bottle.HTTPResponse(status=204, headers={'Cache-Control': 'no-store'})
-        opening, ended = None, False
-        if after_id is None:
-            after_id, status = stream.snapshot(self.store, job_id)
-            if status is None:
-                raise JobNotFoundError(job_id)
-            opening = stream.message('status', status, after_id)
-            ended = status['lifecycleStatus'] in TERMINAL
+        opening = None
+        if fresh:
+            opening = stream.message('status', self.status_body(job, refs), after_id)
         waiter = self.streams.enter(job_id, principal.user_id)
         config = self.runtime.config
         settings = (config.stream_heartbeat_ms / 1000.0, config.stream_max_s, GONE_CHECK_S)
@@ -635,7 +637,7 @@ class Api:
             opening,
             settings,
             lambda: _client_gone(environ),
-            ended,
+            fresh and ended,
         )
         log_event('http.stream_opened', job_id=job_id, user_id=principal.user_id)
         headers = {

@@ -48,21 +48,30 @@ def parse_last_event_id(raw):
     return int(raw)
 
 
-def latest_event_ids(store, job_ids):
-    """{job id: its latest history row id} for the jobs that have one (the stream watch's one
-    query per poll, on the (job_id, id) index)."""
+def latest_event_ids(job_ids):
+    """{job id: its latest history row id} for the jobs that have one, on the caller's
+    connection (one query per READ_CHUNK jobs, on the (job_id, id) index)."""
     latest = {}
-    with store.connection():
-        for start in range(0, len(job_ids), READ_CHUNK):
-            chunk = job_ids[start : start + READ_CHUNK]
-            query = (
-                AiJobEvent.select(AiJobEvent.job_id, fn.MAX(AiJobEvent.id))
-                .where(AiJobEvent.job_id.in_(chunk))
-                .group_by(AiJobEvent.job_id)
-                .tuples()
-            )
-            latest.update(query)
+    for start in range(0, len(job_ids), READ_CHUNK):
+        chunk = job_ids[start : start + READ_CHUNK]
+        query = (
+            AiJobEvent.select(AiJobEvent.job_id, fn.MAX(AiJobEvent.id))
+            .where(AiJobEvent.job_id.in_(chunk))
+            .group_by(AiJobEvent.job_id)
+            .tuples()
+        )
+        latest.update(query)
     return latest
+
+
+def watch_reader(store):
+    """What the streams' watch reads each poll: the latest history id of every watched job."""
+
+    def read(job_ids):
+        with store.connection():
+            return latest_event_ids(job_ids)
+
+    return read
 
 
 def message(event, data, event_id=None):
@@ -71,16 +80,6 @@ def message(event, data, event_id=None):
     lines.append('event: %s' % event)
     lines.append('data: %s' % json.dumps(data, separators=(',', ':'), ensure_ascii=False))
     return ('\n'.join(lines) + '\n\n').encode('utf-8')
-
-
-def snapshot(store, job_id):
-    """(latest history id or 0, JobStatusResponse) read in one transaction, so that the status
-    is the one as of that id: the rows after it are exactly the changes the client has not
-    seen."""
-    with store.connection(), store.atomic():
-        latest = latest_event_ids(store, [job_id]).get(job_id, 0)
-        job, refs = find_for_status(job_id)
-    return latest, (job_status(job, refs) if job is not None else None)
 
 
 class JobStream:
@@ -137,10 +136,11 @@ class JobStream:
                     reason = 'terminal'
                     return
                 reason = self._wait(started, last_sent)
-                if reason == 'heartbeat':
+                while reason == 'heartbeat':  # nothing to read: only the comment goes out
                     yield b': keepalive\n\n'
                     last_sent = time.monotonic()
-                elif reason != 'changed':
+                    reason = self._wait(started, last_sent)
+                if reason != 'changed':
                     return
         except Exception:  # the store went away mid-stream: end it; the client resumes later
             reason = 'store_unavailable'
