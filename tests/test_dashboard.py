@@ -4,7 +4,10 @@ in a real browser (chromium driven by Playwright) against a real ``serve`` proce
 
 import datetime
 import hashlib
+import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -16,6 +19,7 @@ from engine.http.auth import TokenStore
 from tests.support.api import run_to_failed, run_to_running
 from tests.support.dashboard import FormClient
 from tests.support.helpers import create_job
+from tests.test_api_serve import ROOT, free_port, http, wait_healthy
 
 XSS = '<script>window.__pwned = 1</script>'
 
@@ -59,6 +63,8 @@ def test_an_admin_token_signs_in_for_an_httponly_strict_cookie_and_only_its_hash
     assert session_id not in repr(rows) and board.admin_token not in repr(rows)
     page = client.get('/dashboard')
     assert page.status == 200 and 'Overview' in page.text and 'root' in page.text
+    again = client.get('/dashboard/login')  # signed in already: to the overview
+    assert again.status == 303 and again.header('Location') == '/dashboard'
 
 
 def test_a_user_token_is_refused_with_403_and_opens_no_session(board):
@@ -99,6 +105,7 @@ def test_sign_out_ends_the_session(board):
     overview = client.get('/dashboard')
     response = client.post('/dashboard/logout', {'csrf': overview.csrf()})
     assert response.status == 303 and 'aijob_session' not in client.jar
+    assert 'Signed out.' in client.get(response.header('Location')).text
     assert DashboardSession.select().count() == 0
     replay = board.client()
     replay.jar.update(stolen)  # the old cookie is worth nothing now
@@ -320,6 +327,7 @@ def test_usage_totals_by_user_and_job_type(board):
         '/dashboard/usage', {'since': '2001-01-01T00:00', 'until': '2001-01-02T00:00'}
     )
     assert 'No calls.' in empty.text
+    assert client.get('/dashboard/usage', {'part': 'live'}).header('X-Dashboard-Part') is None
     bad = client.get('/dashboard/usage', {'since': 'then'})
     assert 'since must be an ISO-8601 time' in bad.text
 
@@ -331,3 +339,171 @@ def test_static_files_are_served_and_nothing_else(board):
     assert client.get('/dashboard/static/dashboard.js').status == 200
     assert client.get('/dashboard/static/..%2Fapp.py').status == 404
     assert client.get('/dashboard/static/nope.css').status == 404
+
+
+# ---------------------------------------------------------------- in a real browser
+@pytest.fixture
+def served(backend, make_runtime, tmp_path):
+    """``python aijob.py serve`` on this backend: (base URL, its admin token, a user token)."""
+    runtime = make_runtime()  # a clean store for this backend
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, 'aijob.py'), 'serve'],
+        cwd=str(tmp_path),
+        env=dict(os.environ, **backend.env(AIJOB_PORT=str(port))),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        admin = [proc.stdout.readline().strip() for _ in range(3)][-1]
+        base = 'http://127.0.0.1:%d' % port
+        wait_healthy(base, proc)
+        with runtime.store.connection():
+            user = TokenStore(runtime.store).create('user-a')
+        yield base, admin, user
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        proc.stdout.close()
+
+
+def submit(base, token, **input):
+    body = {'jobType': 'synthetic', 'targetType': 'note', 'targetId': 'n1', 'input': input}
+    response = http('POST', base + '/api/ai/jobs', token, body)
+    assert response.status == 201, response
+    return response.json['jobId']
+
+
+def status_of(page):
+    return page.locator('#status').inner_text()
+
+
+def wait_status(page, status, timeout_s=30.0):
+    """Wait, without reloading, until the page's live part shows ``status``."""
+    deadline = time.monotonic() + timeout_s
+    while status_of(page) != status:
+        assert time.monotonic() < deadline, 'still %s, not %s' % (status_of(page), status)
+        page.wait_for_timeout(200)
+
+
+def fits_the_screen(page):
+    return page.evaluate('document.documentElement.scrollWidth <= window.innerWidth + 1')
+
+
+def refuse_a_user_token(chromium, base, user):
+    context = chromium.new_context()
+    page = context.new_page()
+    page.goto(base + '/dashboard')
+    assert page.url == base + '/dashboard/login'
+    page.fill('#token', user)
+    with page.expect_response(lambda r: r.request.method == 'POST') as answer:
+        page.click('button[type=submit]')
+    assert answer.value.status == 403
+    assert 'SUPER_ADMIN' in page.locator('.alert').inner_text()
+    assert 'aijob_session' not in {cookie['name'] for cookie in context.cookies()}
+    context.close()
+
+
+def test_in_a_browser_users_are_refused_and_an_operator_follows_cancels_and_retries(
+    chromium, served, tmp_path
+):
+    base, admin, user = served
+    refuse_a_user_token(chromium, base, user)
+    context = chromium.new_context(viewport={'width': 1280, 'height': 900})
+    page = context.new_page()
+    errors, dialogs = [], []
+    page.on('console', lambda msg: errors.append(msg.text) if msg.type == 'error' else None)
+    page.on('pageerror', lambda exc: errors.append(str(exc)))
+    page.on('dialog', lambda dialog: (dialogs.append(dialog.message), dialog.accept()))
+
+    # Sign in with the admin token: the session cookie is HttpOnly and SameSite=Strict.
+    page.goto(base + '/dashboard')
+    page.fill('#token', admin)
+    page.click('button[type=submit]')
+    assert page.url == base + '/dashboard'
+    session = {c['name']: c for c in context.cookies()}['aijob_session']
+    assert session['httpOnly'] and session['sameSite'] == 'Strict'
+    assert page.evaluate('document.cookie').find('aijob_session') == -1
+
+    # A job created now appears in the list by itself, and its progress reaches 100.
+    page.click('nav >> text=Jobs')
+    followed = submit(base, user, sleepMs=8000, progressSteps=8, note=XSS)
+    link = page.locator('a[href="/dashboard/jobs/%s"]' % followed)
+    link.wait_for(timeout=15_000)
+    link.click()
+    seen = set()
+    deadline = time.monotonic() + 30
+    while status_of(page) != 'succeeded':
+        assert time.monotonic() < deadline, status_of(page)
+        seen.add(int(page.locator('#progress').get_attribute('value')))
+        page.wait_for_timeout(150)
+    assert page.locator('#progress').get_attribute('value') == '100'
+    assert seen - {0, 100}, 'no progress in between was shown: %s' % sorted(seen)
+    # The input is user data: shown as text, never run.
+    assert XSS in page.locator('#input').inner_text()
+    assert page.evaluate('window.__pwned') is None
+    page.screenshot(path=str(tmp_path / 'job.png'), full_page=True)
+
+    # Cancel a running job, after the confirmation.
+    long_job = submit(base, user, sleepMs=60_000, progressSteps=60)
+    page.goto(base + '/dashboard/jobs/' + long_job)
+    wait_status(page, 'running')
+    page.click('text=Cancel job')
+    wait_status(page, 'cancelled')
+    assert dialogs == ['Cancel job %s?' % long_job]
+
+    # Retry a failed job: a new job, linked to the old one.
+    broken = submit(base, user, failWith='VALIDATION_SCHEMA')
+    page.goto(base + '/dashboard/jobs/' + broken)
+    wait_status(page, 'failed')
+    assert 'VALIDATION_SCHEMA' in page.locator('.failure').inner_text()
+    page.click('text=Retry as a new job')
+    page.wait_for_url(re.compile(r'.*/dashboard/jobs/(?!%s)[0-9a-f-]{36}\?notice=retried' % broken))
+    assert page.locator('a[href="/dashboard/jobs/%s"]' % broken).count() == 1
+    assert len(dialogs) == 2
+
+    # The overview, on a laptop and on a phone.
+    page.goto(base + '/dashboard')
+    page.locator('figure.chart svg').wait_for()
+    assert 'succeeded' in page.locator('.cards').inner_text()
+    page.screenshot(path=str(tmp_path / 'overview.png'), full_page=True)
+    phone = chromium.new_context(viewport={'width': 390, 'height': 844}, is_mobile=True)
+    phone.add_cookies(context.cookies())
+    small = phone.new_page()
+    small.on('console', lambda msg: errors.append(msg.text) if msg.type == 'error' else None)
+    small.on('pageerror', lambda exc: errors.append(str(exc)))
+    for path in ('', '/jobs', '/jobs/' + followed, '/usage'):
+        small.goto(base + '/dashboard' + path)
+        assert fits_the_screen(small), path
+    small.goto(base + '/dashboard')
+    small.screenshot(path=str(tmp_path / 'overview-phone.png'), full_page=True)
+    phone.close()
+
+    # Sign out: the session is over.
+    page.click('text=Sign out')
+    assert page.url.startswith(base + '/dashboard/login')
+    page.goto(base + '/dashboard/jobs')
+    assert page.url == base + '/dashboard/login'
+    assert all((tmp_path / name).stat().st_size > 10_000 for name in ('job.png', 'overview.png'))
+    assert errors == []
+    context.close()
+
+
+def test_bulk_retry_leaves_the_jobs_of_a_user_over_its_limit_for_a_later_run(make_runtime):
+    from tests.support.runtimes import fast_registry
+
+    rt = make_runtime(registry=fast_registry(), AIJOB_MAX_ACTIVE_JOBS_PER_USER='2')
+    with rt.store.connection():
+        failed = [run_to_failed(rt, create_job(rt).id) for _ in range(2)]
+        create_job(rt)  # one active job: one retry more reaches the limit
+        client = FormClient(create_app(rt))
+        client.sign_in(TokenStore(rt.store).create('root', admin=True))
+        since = (rt.store.clock() - datetime.timedelta(minutes=5)).isoformat()
+        form = {'csrf': client.get('/dashboard').csrf(), 'jobType': 'synthetic', 'since': since}
+        response = client.post('/dashboard/retry-failed', form)
+        notice = client.get(response.header('Location')).text
+        assert 'Retried 1 failed jobs; 1 refused by their users&#039; limits.' in notice
+        retries = AiJob.select().where(AiJob.retry_of_job_id.is_null(False))
+        retried = [job.retry_of_job_id for job in retries]
+        assert retried == [failed[0].id]

@@ -7,18 +7,29 @@ import threading
 import time
 
 import pytest
+import redis
 
 from engine.core.errors import QueueUnavailableError
 from engine.core.models import AiJob
+from engine.dispatch.queue import Message
+from engine.dispatch.redis_client import connect
 from engine.dispatch.redis_queue import RedisQueue
 from engine.http.app import create_app
 from tests.support.helpers import create_job, wait_until
-from tests.support.servers import PrivateRedisCluster, SentinelGroup, require_binaries
+from tests.support.servers import (
+    PrivateRedisCluster,
+    RedisProcess,
+    SentinelGroup,
+    free_port,
+    require_binaries,
+)
 from tests.support.wsgi import WsgiClient
 from tests.test_faults import (  # noqa: F401 (own_database is a fixture)
     RECOVERY,
     Processes,
+    _healthy,
     assert_each_committed_once,
+    call,
     make_runtime,
     own_database,
     statuses,
@@ -52,6 +63,21 @@ def readyz(runtime):
     """(status, checks) of GET /readyz on an in-process app over ``runtime``."""
     response = WsgiClient(create_app(runtime)).get('/readyz')
     return response.status, response.json.get('checks')
+
+
+def start_web(procs):
+    """A real `python aijob.py web` (gunicorn, gevent, one worker) on a free port."""
+    port = free_port()
+    web = procs.spawn('web', '--port', str(port), '--workers', '1')
+    wait_until(lambda: web.poll() is not None or _healthy(port), timeout=30, interval=0.2)
+    assert web.poll() is None, web.log_path.read_text()
+    return port
+
+
+def web_readyz(port):
+    """(status, checks) of GET /readyz on a real web process."""
+    status, _, body = call(port, 'GET', '/readyz', 'no-token')
+    return status, body.get('checks')
 
 
 def create_batch(runtime, count, sleep_ms, tag):
@@ -88,6 +114,8 @@ def test_a_three_master_cluster_runs_every_job_once_over_four_shards(
     procs = Processes(tmp_path, env)
     try:
         assert readyz(runtime) == (200, {'database': 'ok', 'queue': 'ok'})
+        port = start_web(procs)
+        assert web_readyz(port) == (200, {'database': 'ok', 'queue': 'ok'})
         procs.worker(), procs.worker()
         started = time.monotonic()
         ids = create_batch(runtime, 300, sleep_ms=5, tag='c')
@@ -118,7 +146,7 @@ def test_a_three_master_cluster_runs_every_job_once_over_four_shards(
         )
         cancel_ms = (time.monotonic() - asked) * 1000.0
         assert cancel_ms < 1000, cancel_ms
-        assert readyz(runtime) == (200, {'database': 'ok', 'queue': 'ok'})
+        assert web_readyz(port) == (200, {'database': 'ok', 'queue': 'ok'})
         print(
             'cluster: 300 jobs (both queues, 4 shards over %d nodes, 2 workers) in %.1fs, each '
             'once; cancel of a running job %.0f ms' % (len(nodes), took, cancel_ms)
@@ -155,7 +183,7 @@ def test_sentinel_kill_9_of_the_master_under_load(
     runtime = make_runtime(env)
     procs = Processes(tmp_path, env)
     stop = threading.Event()
-    created, probes = [], []
+    created, probes, port = [], [], None
 
     def create_load():
         i = 0
@@ -166,11 +194,12 @@ def test_sentinel_kill_9_of_the_master_under_load(
 
     def probe_readyz():
         while not stop.is_set():
-            probes.append((time.monotonic(), readyz(runtime)[0]))
+            probes.append((time.monotonic(), web_readyz(port)[0]))
             time.sleep(0.05)
 
     threads = [threading.Thread(target=f, daemon=True) for f in (create_load, probe_readyz)]
     try:
+        port = start_web(procs)
         procs.worker(), procs.worker()
         for thread in threads:
             thread.start()
@@ -232,3 +261,111 @@ def test_a_replica_url_is_not_ready(sentinel_group):
     with pytest.raises(QueueUnavailableError):
         queue.check_ready()
     queue.close()
+
+
+def test_a_manual_failover_is_followed_without_a_restart(sentinel_group):
+    """SENTINEL FAILOVER demotes the master under an open client: its connections are dropped
+    or answer READONLY, and the client asks the sentinels again; pushes and pops go on."""
+    queue = RedisQueue(sentinel_group.url, prefix='failover')
+    queue.check_ready()
+    old_port = sentinel_group.master_port()
+    sentinel = sentinel_group.sentinels[0].client()
+    wait_until(lambda: _failover(sentinel, sentinel_group.service), timeout=20, interval=0.2)
+    failures, pushed, popped = 0, 0, 0
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        try:
+            message = Message.for_job('f%d' % pushed, 'synthetic', 'ai-interactive', 50)
+            queue.push(message)
+            pushed += 1
+            delivery = queue.pop('ai-interactive', 'consumer', 0.1)
+            queue.ack(delivery)
+            popped += 1
+        except QueueUnavailableError:
+            failures += 1
+            time.sleep(0.05)
+    new_port = sentinel_group.master_port()
+    assert new_port != old_port
+    queue.check_ready()
+    assert queue.redis.connection_pool.get_master_address()[1] == new_port
+    assert popped >= 10 and failures <= 20, (popped, failures)
+    queue.close()
+
+
+def _failover(sentinel, service):
+    try:
+        sentinel.execute_command('SENTINEL FAILOVER', service)
+        return True
+    except redis.ResponseError:  # NOGOODSLAVE while the replica's link settles
+        return False
+
+
+def test_a_worker_started_while_redis_is_down_waits_for_it(tmp_path, own_database):  # noqa: F811
+    """`python aijob.py worker` with its Redis not up yet: the first heartbeat fails, the worker
+    starts all the same, and runs jobs once Redis answers."""
+    require_binaries('redis-server')
+    server = RedisProcess(tmp_path / 'late')
+    env = dict(
+        RECOVERY,
+        AIJOB_DATABASE_URL=own_database,
+        AIJOB_REDIS_URL='redis://%s/0' % server.address,
+    )
+    runtime = make_runtime(env)
+    procs = Processes(tmp_path, env)
+    try:
+        worker = procs.worker()  # waits for worker.started
+        log = worker.log_path.read_text()
+        assert 'worker.first_heartbeat_failed' in log or 'queue.unavailable' in log, log
+        server.start()
+        heartbeat = runtime.queue.heartbeat_key
+        wait_until(lambda: server.client().keys(heartbeat('*')), timeout=20)
+        with runtime.store.connection():
+            job_id = create_job(runtime, input={'sleepMs': 10}).id
+        wait_all_terminal(runtime, [job_id], timeout=30)
+        assert statuses(runtime, [job_id]) == {job_id: 'succeeded'}
+        assert worker.poll() is None
+    finally:
+        procs.close()
+        runtime.close()
+        server.stop()
+
+
+def test_a_reconnect_inside_a_call_goes_to_the_master_the_sentinels_name_now(sentinel_group):
+    """A command's own retries reconnect through ``send_packed_command``; redis-py 8.1 sends
+    them to the address the connection had (the demoted master). Ours ask the sentinels."""
+    client = connect(sentinel_group.url)
+    client.set('aijob-follow', '1')
+    old_port = sentinel_group.master_port()
+    conn = client.connection_pool.get_connection()
+    assert conn.port == old_port
+    sentinel = sentinel_group.sentinels[0].client()
+    wait_until(lambda: _failover(sentinel, sentinel_group.service), timeout=20, interval=0.2)
+    wait_until(lambda: sentinel_group.agreed_master_port() not in (None, old_port), timeout=20)
+    conn.disconnect()  # as a retry does after a ConnectionError or READONLY
+    conn.send_command('SET', 'aijob-follow', '2')
+    assert conn.read_response() == 'OK'
+    assert conn.port == sentinel_group.master_port() != old_port
+    client.connection_pool.release(conn)
+    client.close()
+
+
+def test_a_cluster_that_lost_a_primary_is_not_ready_until_it_returns(redis_cluster):
+    """A primary without a replica killed: its slots are uncovered, the cluster refuses calls,
+    and the check's writes (one per shard, on each shard's node) fail; when the node returns
+    with its slots, ready again. The queue's client is the same throughout: no restart."""
+    queue = RedisQueue(redis_cluster.url, prefix='lost', shards=4)
+    queue.check_ready()
+    victim = redis_cluster.nodes[1]
+    victim.kill()
+    wait_until(lambda: not _ready(queue), timeout=20, interval=0.2)
+    victim.start()
+    wait_until(lambda: _ready(queue), timeout=30, interval=0.2)
+    queue.close()
+
+
+def _ready(queue):
+    try:
+        queue.check_ready()
+        return True
+    except QueueUnavailableError:
+        return False

@@ -88,6 +88,12 @@ def port_number(value):
     return number
 
 
+def port_or_empty(value):
+    if value == '':
+        return None
+    return port_number(value)
+
+
 def module_list(value):
     names = [name.strip() for name in value.split(',') if name.strip()]
     for name in names:
@@ -298,6 +304,14 @@ SETTINGS = (
         'Worker threads for the ai-background queue.',
     ),
     Setting(
+        'AIJOB_CLAIM_AHEAD_MS',
+        '20',
+        non_negative_int,
+        'How much work a worker thread takes at once: it pops and locks as many jobs as it '
+        'expects to finish in this many milliseconds (from the time jobs took so far; at least '
+        'one, at most 50), and commits their results together. 0: one job at a time.',
+    ),
+    Setting(
         'AIJOB_SHUTDOWN_GRACE_MS',
         '30000',
         positive_int,
@@ -312,6 +326,26 @@ SETTINGS = (
         '4',
         positive_int,
         'gunicorn worker processes of `web` when --workers is not given.',
+    ),
+    Setting(
+        'AIJOB_METRICS_TOKEN',
+        '',
+        secret_or_empty,
+        'A bearer token that may read GET /metrics (besides admin tokens), for a Prometheus '
+        'scrape config. Unset: only admin tokens may.',
+        secret=True,
+    ),
+    Setting(
+        'AIJOB_METRICS_PORT',
+        '',
+        port_or_empty,
+        '`worker` serves GET /metrics on this port (same tokens as the API). Unset: no port.',
+    ),
+    Setting(
+        'AIJOB_METRICS_HOST',
+        '0.0.0.0',
+        non_empty_text,
+        "Address the worker's AIJOB_METRICS_PORT listens on.",
     ),
     Setting(
         'AIJOB_MAX_ACTIVE_JOBS_PER_USER',

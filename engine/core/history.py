@@ -6,7 +6,9 @@ the number of jobs it changes). Readers get ``JobEvent``s from ``JobHistory``; `
 what a job's owner may see, ``admin()`` everything.
 """
 
+import contextlib
 import datetime
+import threading
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -19,23 +21,29 @@ DISPATCHED = 'dispatched'  # claimed for a push to its queue, the push following
 STARTED = 'started'  # the first lock: attempt 1, queued → running
 TAKEN_OVER = 'taken_over'  # a later lock of a running job whose lock expired or was handed back
 RETRY_SCHEDULED = 'retry_scheduled'
+WORKER_LOST = 'worker_lost'  # the reaper found the lock expired and handed the job on
 PROGRESS = 'progress'  # a milestone: at most one per 10 points of progress and attempt
 CANCEL_REQUESTED = 'cancel_requested'
 SUCCEEDED = 'succeeded'
 FAILED = 'failed'
 CANCELLED = 'cancelled'
+RETRIED = 'retried'  # an admin made a new job from this finished one (its id in the detail)
 KINDS = (
     CREATED,
     DISPATCHED,
     STARTED,
     TAKEN_OVER,
     RETRY_SCHEDULED,
+    WORKER_LOST,
     PROGRESS,
     CANCEL_REQUESTED,
     SUCCEEDED,
     FAILED,
     CANCELLED,
+    RETRIED,
 )
+# Progress milestones are this many points apart.
+PROGRESS_STEP = 10
 
 # Detail keys only an admin sees: which process did it, and error text not meant for users.
 ADMIN_ONLY = frozenset(('worker', 'dispatcher', 'internalMessage'))
@@ -43,6 +51,8 @@ ADMIN_ONLY = frozenset(('worker', 'dispatcher', 'internalMessage'))
 INSERT_BATCH = 500
 _INSERT = 'INSERT INTO ai_job_event (job_id, kind, attempt_no, detail, created_at) VALUES '
 _ROW = '(%s, %s, %s, %s, {now})'
+# The rows a ``one_insert`` block of this thread collects (None outside one).
+_collecting = threading.local()
 
 
 class NewEvent(NamedTuple):
@@ -59,6 +69,10 @@ def insert_events(store, events):
     clock: one INSERT for up to INSERT_BATCH rows. Returns how many were written."""
     events = list(events)
     assert not events or store.in_transaction(), 'events are written with their change'
+    collected = getattr(_collecting, 'rows', None)
+    if collected is not None:  # a one_insert block writes them at its end
+        collected.extend(events)
+        return len(events)
     encode = AiJobEvent.detail.db_value
     for start in range(0, len(events), INSERT_BATCH):
         chunk = events[start : start + INSERT_BATCH]
@@ -67,6 +81,25 @@ def insert_events(store, events):
             params.extend((event.job_id, event.kind, event.attempt_no, encode(event.detail or {})))
         store.execute(statement(_INSERT + ', '.join([_ROW] * len(chunk))), params)
     return len(events)
+
+
+@contextlib.contextmanager
+def one_insert(store):
+    """Within the block, ``insert_events`` collects rows; when the block ends without an error
+    they are written in one INSERT, still inside the caller's transaction. A group commit of
+    many jobs' final writes thus pays one INSERT for all their rows."""
+    outer = getattr(_collecting, 'rows', None)
+    rows = _collecting.rows = []
+    try:
+        yield
+    finally:
+        _collecting.rows = outer
+    insert_events(store, rows)
+
+
+def progress_milestone(percent):
+    """The milestone ``percent`` reaches: 0, 10, … 100."""
+    return percent - percent % PROGRESS_STEP
 
 
 @dataclass(frozen=True)

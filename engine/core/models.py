@@ -136,6 +136,7 @@ class AiJob(BaseModel):
             (('queue_name', 'created_at'), False),  # admin filter
             (('created_at',), False),  # admin range
             (('retry_of_job_id',), False),
+            (('finished_at',), False),  # the operators' throughput, bulk retry since T
         )
 
 
@@ -352,6 +353,20 @@ class WebhookDelivery(BaseModel):
         )
 
 
+class LeaderLease(BaseModel):
+    """Who holds a named lease (``housekeeping``: the reaper, reconciler, outbox polling and
+    purge run on its holder) and until when, by the database clock (architecture decision 12).
+    Taken and renewed by compare-and-set (engine/core/leases.py)."""
+
+    name = CharField(max_length=64, primary_key=True)
+    holder = CharField(max_length=128)  # the holding process's instance id
+    acquired_at = Timestamp()  # when this holder took it (kept across renewals)
+    expires_at = Timestamp()
+
+    class Meta:
+        table_name = 'leader_lease'
+
+
 MODELS = (
     AiJob,
     AiJobSnapshot,
@@ -364,6 +379,7 @@ MODELS = (
     AiJobEvent,
     WebhookEndpoint,
     WebhookDelivery,
+    LeaderLease,
     DashboardSession,
 )
 

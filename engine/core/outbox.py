@@ -1,6 +1,7 @@
 """OutboxRepository (contracts §4): events written in the same transaction as the job, then claimed
 by compare-and-set before they are pushed to a queue, so a push happens once per claim."""
 
+from .history import DISPATCHED, NewEvent, insert_events
 from .models import OutboxEvent
 from .sql import Statement, placeholders, statement
 from .store import IntegrityError
@@ -126,8 +127,34 @@ class OutboxRepository:
         ``statements`` chooses the event types (ENQUEUE_CLAIM or TERMINAL_CLAIM)."""
         if self.store.execute(statements.any_due).fetchone() is None:
             return []  # the usual idle poll: a read, not a write (and a commit) of nothing
-        if self.store.execute(statements.claim, (claimer, limit)).rowcount == 0:
-            return []
+        with self.store.atomic():
+            if self.store.execute(statements.claim, (claimer, limit)).rowcount == 0:
+                return []
+            events = self._read_claimed(claimer)
+            if statements is ENQUEUE_CLAIM:  # each queued job's history: claimed for a push
+                insert_events(self.store, self._dispatch_events(events, claimer))
+        return events
+
+    def _dispatch_events(self, events, claimer):
+        """The ``dispatched`` history rows of a claim's enqueue events whose job is still queued
+        (an event claimed again after its job started pushes a message the lock refuses)."""
+        rows = dispatch_events(events, claimer)
+        if not rows:
+            return rows
+        ids = [row.job_id for row in rows]
+        queued = {
+            job_id
+            for (job_id,) in self.store.execute(
+                statement(
+                    "SELECT id FROM ai_job WHERE id IN (%s) AND lifecycle_status = 'queued'"
+                    % placeholders(len(ids))
+                ),
+                ids,
+            ).fetchall()
+        }
+        return [row for row in rows if row.job_id in queued]
+
+    def _read_claimed(self, claimer):
         rows = self.store.execute(SELECT_CLAIMED, (claimer,)).fetchall()
         payload = OutboxEvent.payload.python_value
         return [
@@ -241,3 +268,14 @@ class OutboxRepository:
         if extra is not None:
             where &= extra
         return OutboxEvent.update(values).where(where).execute() == 1
+
+
+def dispatch_events(events, claimer):
+    """The ``dispatched`` history rows of the enqueue events of a claim (its pushes follow)."""
+    rows = []
+    for event in events:
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        if event.event_type == ENQUEUE_EVENT and payload.get('jobId'):
+            detail = {'queue': payload.get('queueName'), 'dispatcher': claimer}
+            rows.append(NewEvent(payload['jobId'], DISPATCHED, 0, detail))
+    return rows

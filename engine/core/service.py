@@ -6,6 +6,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
+from . import metrics
 from .errors import (
     IdempotencyKeyReusedError,
     InvalidInputError,
@@ -15,7 +16,7 @@ from .errors import (
     QuotaExceededError,
     TooManyJobsError,
 )
-from .history import CREATED, DISPATCHED, NewEvent, insert_events
+from .history import CREATED, DISPATCHED, RETRIED, NewEvent, insert_events
 from .lifecycle import CANCELLED, FAILED, TERMINAL
 from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
 from .outbox import ENQUEUE_EVENT
@@ -57,6 +58,17 @@ class CreateJobInput:
     overrides: dict = field(default_factory=dict)
     retry_of_job_id: Optional[str] = None
     webhook_url: Optional[str] = None  # pushed to when the job is terminal (decision 15)
+
+
+@dataclass
+class BulkRetry:
+    """What ``retry_failed`` did: the new jobs, the failed jobs skipped (input purged) and
+    refused (the user's limits), and whether more than the limit were waiting."""
+
+    new_jobs: list
+    skipped: int
+    refused: int
+    more: bool
 
 
 class CreateResult(NamedTuple):
@@ -126,6 +138,7 @@ class AiJobService:
             if existing is None:
                 raise
             return self._replay(existing, fingerprint)
+        metrics.job_created(job.job_type, job.queue_name)
         if self.dispatch_now is not None:
             self.dispatch_now(event)
         return CreateResult(job, True)
@@ -166,7 +179,12 @@ class AiJobService:
             payload=enqueue_payload(job),
             claimed_by=claimed_by,
         )
-        insert_events(self.store, creation_events(job, claimed_by))
+        retried_attempt = None
+        if job.retry_of_job_id:  # an admin retry: the old job's history says so too
+            retried_attempt = (
+                AiJob.select(AiJob.attempt_no).where(AiJob.id == job.retry_of_job_id).scalar()
+            )
+        insert_events(self.store, creation_events(job, claimed_by, retried_attempt))
         if request.webhook_url is not None:
             self.webhooks.create_endpoint(request.user_id, request.webhook_url, job_id=job_id)
         return job, event
@@ -197,6 +215,8 @@ class AiJobService:
                 public_message='Jobs of this type cannot be cancelled.',
             )
         job = self.lifecycle.mark_cancelled(job_id)
+        if job.lifecycle_status == CANCELLED:  # it was queued: finished now
+            metrics.job_finished(job.job_type, job.queue_name, CANCELLED)
         if job.lifecycle_status == 'running' and self.cancel_signal is not None:
             self.cancel_signal(job_id)
         return job
@@ -225,30 +245,33 @@ class AiJobService:
     def retry_failed(self, job_type, since, limit=BULK_RETRY_LIMIT):
         """Admin bulk retry: ``retry_job`` for each failed job of ``job_type`` that finished at
         or after ``since`` (naive UTC) and has not been retried yet, oldest first, at most
-        ``limit``. Returns (new jobs, jobs skipped because their input is gone, whether more
-        remain). Each retry is its own transaction, so running it again after a crash goes on
-        where it stopped: a retried job is never retried twice."""
+        ``limit``. Each retry is its own transaction, so running it again goes on where it
+        stopped, and a retried job is never retried twice. A job whose input was purged is
+        skipped; one whose user is over a limit (429) is refused and stays for a later run.
+        Returns a BulkRetry."""
         retried = AiJob.select(AiJob.retry_of_job_id).where(
             AiJob.retry_of_job_id.is_null(False) & (AiJob.job_type == job_type)
         )
         candidates = list(
             AiJob.select(AiJob.id)
             .where(
-                (AiJob.lifecycle_status == FAILED)
+                (AiJob.finished_at >= since)
+                & (AiJob.lifecycle_status == FAILED)
                 & (AiJob.job_type == job_type)
-                & (AiJob.finished_at >= since)
                 & AiJob.id.not_in(retried)
             )
             .order_by(AiJob.finished_at, AiJob.id)
             .limit(limit + 1)
         )
-        new_jobs, skipped = [], 0
+        result = BulkRetry([], 0, 0, len(candidates) > limit)
         for job in candidates[:limit]:
             try:
-                new_jobs.append(self.retry_job(job.id))
+                result.new_jobs.append(self.retry_job(job.id))
             except JobNotRetryableError:
-                skipped += 1  # its snapshot was purged: nothing to run it on
-        return new_jobs, skipped, len(candidates) > limit
+                result.skipped += 1  # its snapshot was purged: nothing to run it on
+            except (TooManyJobsError, QuotaExceededError):
+                result.refused += 1  # the user's limits: it stays failed, for a later run
+        return result
 
     def snapshot(self, job_id):
         """The frozen ``{"input", "overrides"}`` a job runs on."""
@@ -272,10 +295,11 @@ class AiJobService:
         return AiJobSnapshot.delete().where(AiJobSnapshot.id.in_(ids)).execute()
 
 
-def creation_events(job, claimed_by):
+def creation_events(job, claimed_by, retried_attempt=None):
     """The history's first rows: ``created``, and ``dispatched`` when this process claimed the
     outbox event to push it right after commit (architecture decision 6): both in the creating
-    transaction, so the push can never come before its row."""
+    transaction, so the push can never come before its row. A retry of an old job adds the old
+    job's ``retried`` row (at its last attempt, ``retried_attempt``)."""
     detail = {'queue': job.queue_name, 'priority': job.priority}
     if job.retry_of_job_id:
         detail['retryOfJobId'] = job.retry_of_job_id
@@ -283,6 +307,10 @@ def creation_events(job, claimed_by):
     if claimed_by:
         events.append(
             NewEvent(job.id, DISPATCHED, 0, {'queue': job.queue_name, 'dispatcher': claimed_by})
+        )
+    if job.retry_of_job_id:
+        events.append(
+            NewEvent(job.retry_of_job_id, RETRIED, retried_attempt or 0, {'retryJobId': job.id})
         )
     return events
 

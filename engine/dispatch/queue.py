@@ -105,9 +105,29 @@ class Queue:
         Delivery, waiting up to ``timeout_s``; None if nothing came."""
         raise NotImplementedError
 
+    def pop_many(self, queue_name, consumer_id, limit, timeout_s):
+        """Up to ``limit`` deliveries, most urgent first, each moved into the consumer's
+        processing list as ``pop`` does; waits up to ``timeout_s`` for the first and not at all
+        for the rest. Backends override it to take them in one round trip."""
+        first = self.pop(queue_name, consumer_id, timeout_s)
+        if first is None:
+            return []
+        deliveries = [first]
+        while len(deliveries) < limit:
+            more = self.pop(queue_name, consumer_id, 0)
+            if more is None:
+                break
+            deliveries.append(more)
+        return deliveries
+
     def ack(self, delivery):
         """Done with a delivery: remove it from processing and forget its queue job id."""
         raise NotImplementedError
+
+    def ack_many(self, deliveries):
+        """``ack`` of several deliveries, in one round trip where the backend can."""
+        for delivery in deliveries:
+            self.ack(delivery)
 
     def release(self, delivery):
         """Hand a delivery back to the front of its queue (graceful shutdown)."""
@@ -146,6 +166,11 @@ class Queue:
 
     def in_flight(self, queue_name):
         """Messages of a queue held in consumers' processing lists, over all its shards."""
+        raise NotImplementedError
+
+    def shard_lengths(self, queue_name):
+        """{shard: (waiting, processing)} of a queue, for the metrics: messages waiting and
+        messages held in consumers' processing lists, per shard."""
         raise NotImplementedError
 
     def consumers(self):

@@ -66,10 +66,33 @@ end
 return false
 """
 
+# KEYS: bands (most urgent first)..., processing, consumers. ARGV: consumer id, how many at most.
+_POP_MANY = """
+redis.call('SADD', KEYS[#KEYS], ARGV[1])
+local taken, limit = {}, tonumber(ARGV[2])
+for i = 1, #KEYS - 2 do
+  while #taken < limit do
+    local raw = redis.call('LMOVE', KEYS[i], KEYS[#KEYS - 1], 'LEFT', 'RIGHT')
+    if not raw then break end
+    taken[#taken + 1] = raw
+  end
+end
+return taken
+"""
+
 _ACK = """
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 return 1
+"""
+
+# KEYS: processing, then one marker per message. ARGV: the messages, in the markers' order.
+_ACK_MANY = """
+for i = 1, #ARGV do
+  redis.call('LREM', KEYS[1], 1, ARGV[i])
+  if redis.call('GET', KEYS[i + 1]) == ARGV[i] then redis.call('DEL', KEYS[i + 1]) end
+end
+return #ARGV
 """
 
 _RELEASE = """
@@ -138,6 +161,9 @@ class RedisQueue(Queue):
     def redis(self):
         """The client, built at first use (a cluster's is built from its slot map, which needs
         a node to answer; until one does every call fails QueueUnavailableError)."""
+        return self._connect()
+
+    def _connect(self):
         if self._client is None:
             with self._client_lock:
                 if self._client is None:
@@ -147,7 +173,9 @@ class RedisQueue(Queue):
                         for name, source in (
                             ('push', _PUSH),
                             ('pop', _POP),
+                            ('pop_many', _POP_MANY),
                             ('ack', _ACK),
+                            ('ack_many', _ACK_MANY),
                             ('release', _RELEASE),
                             ('recover', _RECOVER),
                         )
@@ -156,7 +184,7 @@ class RedisQueue(Queue):
         return self._client
 
     def _script(self, name):
-        self.redis  # noqa: B018 (builds the client and its scripts)
+        self._connect()  # the scripts are registered with the client
         return self._scripts[name]
 
     # -- shards and keys
@@ -268,10 +296,10 @@ class RedisQueue(Queue):
             return [self.push(messages[0])]
         self._register()
         pipe = self.redis.pipeline(transaction=False)
-        push = self._script('push')
+        push, cluster = self._script('push'), is_cluster(self.redis)
         for message in messages:
             keys, args = self._push_keys(message), [message.encode(), MARKER_TTL_S, '0']
-            if is_cluster(self.redis):
+            if cluster:
                 # A cluster pipeline refuses EVALSHA (it could not load a script a node
                 # lacks): the script's text goes with each call, cached by the node.
                 pipe.execute_command('EVAL', _PUSH, len(keys), *keys, *args)
@@ -303,6 +331,34 @@ class RedisQueue(Queue):
                 return None
             self._wait([self._key(tag, 'wake') for tag in tags], remaining)
 
+    @_translate
+    def pop_many(self, queue_name, consumer_id, limit, timeout_s):
+        """``pop``'s sweep, taking up to ``limit`` messages: one script (one round trip) per
+        shard visited, most urgent band first within each shard."""
+        self._register()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            tags = self.shard_tags(queue_name) + list(self._discover(queue_name).draining)
+            start = next(self._rotation) % len(tags)
+            tags = tags[start:] + tags[:start]
+            deliveries = []
+            for tag in tags:
+                keys = self._bands(tag) + [
+                    self._processing(tag, consumer_id),
+                    self._key(tag, 'consumers'),
+                ]
+                args = [consumer_id, limit - len(deliveries)]
+                raws = self._script('pop_many')(keys=keys, args=args)
+                deliveries += [Delivery(Message.decode(r), r, consumer_id, tag) for r in raws]
+                if len(deliveries) >= limit:
+                    break
+            if deliveries:
+                return deliveries
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            self._wait([self._key(tag, 'wake') for tag in tags], remaining)
+
     def _wait(self, wake_keys, remaining):
         """Sleep until a push wakes us (BLPOP on the shards' wake lists), then sweep again. One
         server watches every shard in one BLPOP; a cluster refuses keys of several slots in one
@@ -318,6 +374,19 @@ class RedisQueue(Queue):
             keys=[self._processing(tag, delivery.consumer_id), self._marker(tag, delivery.message)],
             args=[delivery.raw],
         )
+
+    @_translate
+    def ack_many(self, deliveries):
+        """One script per shard the deliveries came from (one round trip with one shard)."""
+        by_tag = {}
+        for delivery in deliveries:
+            by_tag.setdefault((delivery.source, delivery.consumer_id), []).append(delivery)
+        for (tag, consumer_id), group in by_tag.items():
+            markers = [self._marker(tag, d.message) for d in group]
+            self._script('ack_many')(
+                keys=[self._processing(tag, consumer_id)] + markers,
+                args=[d.raw for d in group],
+            )
 
     @_translate
     def release(self, delivery):
@@ -422,6 +491,19 @@ class RedisQueue(Queue):
             for consumer_id in self.redis.smembers(self._key(tag, 'consumers')):
                 processing.append(self._processing(tag, consumer_id))
         return sum(self._lengths(processing))
+
+    @_translate
+    def shard_lengths(self, queue_name):
+        tags = self._all_tags(queue_name)
+        processing = {}
+        for tag in tags:
+            consumers = self.redis.smembers(self._key(tag, 'consumers'))
+            processing[tag] = [self._processing(tag, consumer) for consumer in consumers]
+        keys = [band for tag in tags for band in self._bands(tag)]
+        keys += [key for tag in tags for key in processing[tag]]
+        lengths = iter(self._lengths(keys))
+        waiting = {tag: sum(next(lengths) for _ in range(BANDS)) for tag in tags}
+        return {tag: (waiting[tag], sum(next(lengths) for _ in processing[tag])) for tag in tags}
 
     @_translate
     def consumers(self):

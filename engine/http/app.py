@@ -19,6 +19,7 @@ import time
 import bottle
 import peewee
 
+from ..core import metrics
 from ..core.errors import (
     AiJobError,
     ForbiddenError,
@@ -45,10 +46,12 @@ from ..core.models import AiJob
 from ..core.service import CreateJobInput
 from ..core.store import OperationalError, PoolExhausted
 from ..execution.usage import usage_totals
+from . import history_view, stream, views
 from . import params as admin_jobs
-from . import stream, views
 from .auth import TokenStore, bearer_token
 from .dashboard import Dashboard
+from .metrics_view import CONTENT_TYPE as METRICS_TYPE
+from .metrics_view import MetricsAccess, scrape
 from .openapi import build_openapi
 from .openapi_dashboard import dashboard_paths
 from .openapi_push import push_paths, push_schemas
@@ -130,6 +133,9 @@ class _Guard:
             bottle.request.environ['aijob.request_timeout_s'] = self.request_timeout_s
             result = self._run(callback, uses_db, args, kwargs)
             _access_log(route, result.status_code, started, kwargs.get('job_id'))
+            metrics.http_request(
+                route.method, route.rule, result.status_code, time.monotonic() - started
+            )
             return result
 
         return guarded
@@ -499,6 +505,7 @@ class Api:
             runtime.registry, dict(push_paths(), **dashboard_paths()), push_schemas()
         )
         self.push = WebhookEndpoints(runtime)
+        self.metrics_access = MetricsAccess(runtime.store, runtime.config.metrics_token)
 
     # -- auth
     def caller(self):
@@ -662,12 +669,34 @@ class Api:
         job = self.visible_job(job_id, self.caller())
         return reply(views.artifact_contents(job))
 
+    def get_events(self, job_id):
+        """The job's transition history (architecture decision 14), oldest first: the owner's
+        view (no worker ids, no internal messages), or everything for SUPER_ADMIN."""
+        principal = self.caller()
+        job = self.visible_job(job_id, principal)
+        after, limit = history_view.parse_query(_query())
+        body = history_view.job_events(self.store, job, after, limit, full=principal.is_admin)
+        return reply(body)
+
     def cancel_job(self, job_id):
         principal = self.caller()
         job = self.visible_job(job_id, principal, admin_sees_all=False)
         job = self.runtime.service.cancel_job(job.id)
         log_event('job.cancel', job_id=job.id, job_type=job.job_type, status=job.lifecycle_status)
         return reply(self.status_body(job), 202 if job.lifecycle_status == RUNNING else 200)
+
+    def list_jobs(self):
+        """The caller's own jobs, newest first: the admin list's filters and cursor, always
+        restricted to the caller (a userId filter is refused, not honoured)."""
+        principal = self.caller()
+        params = _query()
+        if 'userId' in params:
+            raise InvalidRequestError('userId is for the admin list only', field='userId')
+        query = admin_jobs.parse_query(dict(params, userId=principal.user_id))
+        jobs, next_cursor = admin_jobs.list_jobs(query)
+        refs = views.artifact_refs([job.id for job in jobs if job.lifecycle_status == 'succeeded'])
+        items = [views.job_status(job, refs.get(job.id, ())) for job in jobs]
+        return reply({'items': items, 'nextCursor': next_cursor, 'limit': query.limit})
 
     # -- admin endpoints
     def admin_list_jobs(self):
@@ -788,6 +817,16 @@ class Api:
     def openapi_document(self):
         return reply(self.openapi)
 
+    def metrics(self):
+        """The Prometheus scrape (README "Metrics"): admin token or AIJOB_METRICS_TOKEN."""
+        principal = self.metrics_access.check(_header('Authorization'))
+        bottle.request.environ['aijob.principal'] = principal
+        return bottle.HTTPResponse(
+            body=scrape(self.runtime),
+            status=200,
+            headers={'Content-Type': METRICS_TYPE, 'Cache-Control': 'no-store'},
+        )
+
 
 def _check(ping):
     try:
@@ -806,9 +845,11 @@ def create_app(runtime):
     app.aijob_api = api  # the server reaches the watch through it
     routes = (
         ('POST', '/api/ai/jobs', api.create_job, True),
+        ('GET', '/api/ai/jobs', api.list_jobs, True),
         ('GET', '/api/ai/jobs/<job_id>', api.get_job, False),  # takes its own connections
         ('GET', '/api/ai/jobs/<job_id>/artifacts', api.get_artifacts, True),
         ('GET', '/api/ai/jobs/<job_id>/stream', api.stream_job, False),  # its own connections
+        ('GET', '/api/ai/jobs/<job_id>/events', api.get_events, True),
         ('POST', '/api/ai/jobs/<job_id>/cancel', api.cancel_job, True),
         ('GET', '/admin-api/ai/jobs', api.admin_list_jobs, True),
         ('POST', '/admin-api/ai/jobs/<job_id>/retry', api.admin_retry_job, True),
@@ -830,6 +871,7 @@ def create_app(runtime):
         ('GET', '/healthz', api.healthz, False),
         ('GET', '/readyz', api.readyz, False),
         ('GET', '/openapi.json', api.openapi_document, False),
+        ('GET', '/metrics', api.metrics, True),
     )
     routes += Dashboard(runtime).routes()
     for method, path, callback, uses_db in routes:

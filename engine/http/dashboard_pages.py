@@ -16,8 +16,9 @@ from ..execution.usage import usage_totals
 from . import params as admin_jobs
 from . import views
 
-CHART_WIDTH, CHART_HEIGHT = 600, 160
+CHART_WIDTH, CHART_HEIGHT = 720, 120
 LIVE_REFRESH_MS = 3000  # how often a page's live part is fetched again
+JOB_REFRESH_MS = 1000  # a running job's page: one job's row, so it can be watched closely
 DEFAULT_USAGE_WINDOW = datetime.timedelta(days=7)
 JOB_FILTERS = admin_jobs.PARAMETERS
 
@@ -131,13 +132,14 @@ def chart(minutes):
         bars.append(Bar(round(i * step + 1, 2), round(step - 2, 2), *parts, title))
         if minute.failure_rate is not None:
             y = CHART_HEIGHT * (1 - minute.failure_rate)
-            rate.append('%.2f,%.2f' % (i * step + step / 2, y))
+            rate.append((round(i * step + step / 2, 2), round(y, 2)))
     return {
         'width': CHART_WIDTH,
         'height': CHART_HEIGHT,
         'peak': peak,
         'bars': bars,
-        'rate_points': ' '.join(rate),
+        'rate': rate,  # [(x, y)] of the minutes where something finished
+        'rate_points': ' '.join('%s,%s' % point for point in rate),
         'start': minutes[0].start if minutes else None,
     }
 

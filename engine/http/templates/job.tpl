@@ -1,6 +1,6 @@
 % rebase('base')
 <h1>Job <code class="id">{{job.id}}</code></h1>
-<div {{!'' if terminal else 'data-live="%d"' % refresh_ms}}>
+<div {{!'' if terminal else 'data-live="%d"' % job_refresh_ms}}>
 % include('job_live')
 </div>
 <section>

@@ -49,7 +49,7 @@
   <dt>ran</dt><dd>{{duration(job.started_at, job.finished_at) or '–'}}</dd>
   <dt>attempt</dt><dd>{{job.attempt_no}}</dd>
   <dt>retries</dt><dd>{{job.retry_count}} of {{job.max_retry_count}}</dd>
-% if job.locked_by:
+% if job.locked_by and not terminal:
   <dt>lock</dt><dd><code>{{job.locked_by}}</code> until {{when(job.lock_until)}}</dd>
 % end
 % if job.cancel_requested_at:
@@ -75,7 +75,7 @@
 <ol class="timeline">
 % for event in events:
   <li class="k-{{event['kind']}}">
-    <time>{{event['at'][11:23]}}</time>
+    <time datetime="{{event['at']}}" title="{{event['at']}}">{{event['at'][11:23]}}</time>
     <strong>{{event['kind']}}</strong>
 %   if event['attemptNo']:
     <span class="muted">attempt {{event['attemptNo']}}</span>
@@ -104,7 +104,7 @@
     <td>{{call.prompt_tokens}}</td><td>{{call.completion_tokens}}</td><td>{{call.cost}}</td>
     <td>{{call.latency_ms}} ms</td><td>{{call.error_code or ''}}</td></tr>
 %   end
-  <tr class="total"><td colspan="3">{{usage_total['calls']}} calls</td>
+  <tr class="total"><td colspan="3">total ({{usage_total['calls']}})</td>
     <td>{{usage_total['prompt_tokens']}}</td><td>{{usage_total['completion_tokens']}}</td>
     <td>{{usage_total['cost']}}</td><td colspan="2"></td></tr>
   </tbody>

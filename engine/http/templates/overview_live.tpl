@@ -53,8 +53,11 @@
 %   end
   </g>
 % end
-% if chart['rate_points']:
+% if len(chart['rate']) > 1:
   <polyline class="rate" points="{{chart['rate_points']}}"></polyline>
+% end
+% for x, y in chart['rate']:
+  <circle class="rate-dot" cx="{{x}}" cy="{{y}}" r="2.5"></circle>
 % end
   <text x="2" y="12">{{chart['peak']}}/min</text>
   <text x="2" y="{{chart['height'] + 14}}">{{when(chart['start'])[11:16]}}</text>
