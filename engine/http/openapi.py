@@ -2,9 +2,11 @@
 error code. The test client validates every response the suite sees against it, so it cannot
 drift from what the API really answers."""
 
+from ..core import history
 from ..core.errors import public_error_codes
 from ..core.lifecycle import LEGACY_STATUS_TO_LIFECYCLE, Status
 from ..core.registry import CREDENTIAL_MODES, QUEUE_NAMES
+from . import history_view
 from .params import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 
 STATUSES = [status.value for status in Status]
@@ -71,6 +73,29 @@ def _query_param(name, description, schema=None):
         'description': description,
         'schema': schema or {'type': 'string'},
     }
+
+
+def _list_params(user_filter):
+    """The query parameters of a job list (engine/http/params.py)."""
+    params = [
+        _query_param('jobType', 'Only this job type.'),
+        _query_param(
+            'lifecycleStatus',
+            'Comma-separated statuses: %s; legacy names %s are accepted.'
+            % (', '.join(STATUSES), ', '.join(LEGACY_STATUS_TO_LIFECYCLE)),
+        ),
+        _query_param('queueName', 'Only this queue.', {'enum': list(QUEUE_NAMES)}),
+        _query_param('userId', 'Only this user.'),
+        _query_param('createdFrom', 'Created at or after (ISO-8601).', TIME),
+        _query_param('createdTo', 'Created before (ISO-8601).', TIME),
+        _query_param(
+            'limit',
+            'Page size (default %d).' % DEFAULT_PAGE_SIZE,
+            {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE_SIZE},
+        ),
+        _query_param('cursor', 'The nextCursor of the previous page.'),
+    ]
+    return [p for p in params if user_filter or p['name'] != 'userId']
 
 
 def _schemas(job_types):
@@ -177,6 +202,44 @@ def _schemas(job_types):
                 },
             },
         },
+        'JobEvent': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['id', 'jobId', 'kind', 'attemptNo', 'detail', 'at'],
+            'properties': {
+                'id': {
+                    'type': 'integer',
+                    'description': 'Increases across all jobs: page and resume after it.',
+                },
+                'jobId': {'type': 'string'},
+                'kind': {'enum': list(history.KINDS)},
+                'attemptNo': {
+                    'type': 'integer',
+                    'minimum': 0,
+                    'description': "The job's lock count when it happened (0: never locked).",
+                },
+                'detail': {
+                    'type': 'object',
+                    'description': 'Per kind (README "Job history"). worker, dispatcher, '
+                    'internalMessage: SUPER_ADMIN only.',
+                },
+                'at': TIME,
+            },
+        },
+        'JobEventList': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['jobId', 'lifecycleStatus', 'events', 'nextAfter'],
+            'properties': {
+                'jobId': {'type': 'string'},
+                'lifecycleStatus': {'enum': STATUSES},
+                'events': {'type': 'array', 'items': _ref('JobEvent')},
+                'nextAfter': {
+                    'type': ['integer', 'null'],
+                    'description': 'The last event id when more may follow (pass it as after).',
+                },
+            },
+        },
         'ArtifactList': {
             'type': 'object',
             'additionalProperties': False,
@@ -201,6 +264,19 @@ def _schemas(job_types):
                         },
                     },
                 },
+            },
+        },
+        'JobList': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['items', 'nextCursor', 'limit'],
+            'properties': {
+                'items': {'type': 'array', 'items': _ref('JobStatusResponse')},
+                'nextCursor': {
+                    'type': ['string', 'null'],
+                    'description': 'Pass as `cursor` for the next page; null on the last page.',
+                },
+                'limit': {'type': 'integer'},
             },
         },
         'AdminJobList': {
@@ -299,6 +375,14 @@ def _job_paths():
     job_id = _job_id_param()
     return {
         '/api/ai/jobs': {
+            'get': {
+                'summary': "The caller's own jobs, newest first (the admin list's filters, "
+                'without userId).',
+                'parameters': _list_params(user_filter=False),
+                'responses': dict(
+                    {'200': _json('One page.', _ref('JobList'))}, **_errors(400, 401, 503)
+                ),
+            },
             'post': {
                 'summary': 'Create a job for the caller (idempotent with a key).',
                 'parameters': [
@@ -323,7 +407,7 @@ def _job_paths():
                     },
                     **_errors(400, 401, 408, 413, 415, 422, 429, 503),
                 ),
-            }
+            },
         },
         '/api/ai/jobs/{jobId}': {
             'get': {
@@ -367,6 +451,29 @@ def _job_paths():
                 ),
             }
         },
+        '/api/ai/jobs/{jobId}/events': {
+            'get': {
+                'summary': "The job's transition history, oldest first (owner: public view; "
+                'SUPER_ADMIN: everything).',
+                'parameters': [
+                    job_id,
+                    _query_param(
+                        'after',
+                        'Only events with a greater id.',
+                        {'type': 'integer', 'minimum': 0},
+                    ),
+                    _query_param(
+                        'limit',
+                        'At most this many events (default %d).' % history_view.DEFAULT_LIMIT,
+                        {'type': 'integer', 'minimum': 1, 'maximum': history_view.MAX_LIMIT},
+                    ),
+                ],
+                'responses': dict(
+                    {'200': _json('The events.', _ref('JobEventList'))},
+                    **_errors(400, 401, 404, 503),
+                ),
+            }
+        },
         '/api/ai/jobs/{jobId}/cancel': {
             'post': {
                 'summary': 'Cancel a job (owner only).',
@@ -391,25 +498,7 @@ def _admin_paths():
         '/admin-api/ai/jobs': {
             'get': {
                 'summary': 'List jobs, newest first (SUPER_ADMIN).',
-                'parameters': [
-                    _query_param('jobType', 'Only this job type.'),
-                    _query_param(
-                        'lifecycleStatus',
-                        'Comma-separated statuses: %s; legacy names %s '
-                        'are accepted.'
-                        % (', '.join(STATUSES), ', '.join(LEGACY_STATUS_TO_LIFECYCLE)),
-                    ),
-                    _query_param('queueName', 'Only this queue.', {'enum': list(QUEUE_NAMES)}),
-                    _query_param('userId', 'Only this user.'),
-                    _query_param('createdFrom', 'Created at or after (ISO-8601).', TIME),
-                    _query_param('createdTo', 'Created before (ISO-8601).', TIME),
-                    _query_param(
-                        'limit',
-                        'Page size (default %d).' % DEFAULT_PAGE_SIZE,
-                        {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE_SIZE},
-                    ),
-                    _query_param('cursor', 'The nextCursor of the previous page.'),
-                ],
+                'parameters': _list_params(user_filter=True),
                 'responses': dict(
                     {'200': _json('One page.', _ref('AdminJobList'))}, **_errors(400, 401, 403, 503)
                 ),
