@@ -2,9 +2,11 @@
 error code. The test client validates every response the suite sees against it, so it cannot
 drift from what the API really answers."""
 
+from ..core import history
 from ..core.errors import public_error_codes
 from ..core.lifecycle import LEGACY_STATUS_TO_LIFECYCLE, Status
 from ..core.registry import CREDENTIAL_MODES, QUEUE_NAMES
+from . import history_view
 from .params import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 
 STATUSES = [status.value for status in Status]
@@ -197,6 +199,44 @@ def _schemas(job_types):
                         'promptVersion': {'type': 'string'},
                         'outputSchemaVersion': {'type': 'string'},
                     },
+                },
+            },
+        },
+        'JobEvent': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['id', 'jobId', 'kind', 'attemptNo', 'detail', 'at'],
+            'properties': {
+                'id': {
+                    'type': 'integer',
+                    'description': 'Increases across all jobs: page and resume after it.',
+                },
+                'jobId': {'type': 'string'},
+                'kind': {'enum': list(history.KINDS)},
+                'attemptNo': {
+                    'type': 'integer',
+                    'minimum': 0,
+                    'description': "The job's lock count when it happened (0: never locked).",
+                },
+                'detail': {
+                    'type': 'object',
+                    'description': 'Per kind (README "Job history"). worker, dispatcher, '
+                    'internalMessage: SUPER_ADMIN only.',
+                },
+                'at': TIME,
+            },
+        },
+        'JobEventList': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['jobId', 'lifecycleStatus', 'events', 'nextAfter'],
+            'properties': {
+                'jobId': {'type': 'string'},
+                'lifecycleStatus': {'enum': STATUSES},
+                'events': {'type': 'array', 'items': _ref('JobEvent')},
+                'nextAfter': {
+                    'type': ['integer', 'null'],
+                    'description': 'The last event id when more may follow (pass it as after).',
                 },
             },
         },
@@ -408,6 +448,29 @@ def _job_paths():
                 'parameters': [job_id],
                 'responses': dict(
                     {'200': _json('The artifacts.', _ref('ArtifactList'))}, **_errors(401, 404, 503)
+                ),
+            }
+        },
+        '/api/ai/jobs/{jobId}/events': {
+            'get': {
+                'summary': "The job's transition history, oldest first (owner: public view; "
+                'SUPER_ADMIN: everything).',
+                'parameters': [
+                    job_id,
+                    _query_param(
+                        'after',
+                        'Only events with a greater id.',
+                        {'type': 'integer', 'minimum': 0},
+                    ),
+                    _query_param(
+                        'limit',
+                        'At most this many events (default %d).' % history_view.DEFAULT_LIMIT,
+                        {'type': 'integer', 'minimum': 1, 'maximum': history_view.MAX_LIMIT},
+                    ),
+                ],
+                'responses': dict(
+                    {'200': _json('The events.', _ref('JobEventList'))},
+                    **_errors(400, 401, 404, 503),
                 ),
             }
         },
