@@ -439,6 +439,8 @@ def test_in_a_browser_users_are_refused_and_an_operator_follows_cancels_and_retr
         seen.add(int(page.locator('#progress').get_attribute('value')))
         page.wait_for_timeout(150)
     assert page.locator('#progress').get_attribute('value') == '100'
+    timeline = page.locator('ol.timeline strong').all_inner_texts()
+    assert timeline[0] == 'created' and timeline[-1] == 'succeeded' and 'started' in timeline
     assert seen - {0, 100}, 'no progress in between was shown: %s' % sorted(seen)
     # The input is user data: shown as text, never run.
     assert XSS in page.locator('#input').inner_text()
