@@ -12,7 +12,7 @@ import time
 from urllib.parse import unquote, urlsplit
 
 import peewee
-from playhouse.pool import PooledMySQLDatabase
+from playhouse.pool import MaxConnectionsExceeded, PooledMySQLDatabase
 from pymysql.constants import SERVER_STATUS
 
 from . import sql
@@ -28,6 +28,8 @@ ADDED_INDEXES = (('ai_job', 'ai_job_finished_at', 'finished_at'),)
 IntegrityError = peewee.IntegrityError
 OperationalError = peewee.OperationalError
 DoesNotExist = peewee.DoesNotExist
+# Every pooled connection stayed busy for the pool's whole wait (a burst beyond the pool size).
+PoolExhausted = MaxConnectionsExceeded
 
 
 # ---------------------------------------------------------------- databases
