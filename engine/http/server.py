@@ -37,6 +37,7 @@ from ..core.errors import (
 from ..core.logs import configure as configure_logging
 from ..core.logs import gunicorn_logconfig, log_event
 from ..core.models import database
+from ..core.redis_url import parse_redis_url
 from ..runtime import Runtime
 from .app import create_app
 from .auth import TokenStore
@@ -225,7 +226,7 @@ def gunicorn_options(config, host, port, workers):
         'bind': '%s:%d' % (host, port),
         'workers': workers,
         'worker_class': 'gevent',
-        'worker_connections': config.max_waiters + SPARE_CONNECTIONS,
+        'worker_connections': config.max_waiters + config.max_streams + SPARE_CONNECTIONS,
         'timeout': WORKER_TIMEOUT_S,
         'graceful_timeout': config.shutdown_grace_ms // 1000 + 5,
         'keepalive': max(1, min(KEEPALIVE_S, math.ceil(config.request_timeout_ms / 1000))),
@@ -260,7 +261,7 @@ def run_serve(config, host, port):
         % (
             url,
             config.database_url.split('://', 1)[0],
-            'redis' if config.uses_redis else 'in-memory',
+            parse_redis_url(config.redis_url).describe() if config.uses_redis else 'in-memory',
         ),
         flush=True,
     )
