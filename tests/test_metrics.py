@@ -2,7 +2,7 @@
 parser; the counters move by exactly the jobs a test ran; HTTP metrics are labelled by route
 template; the scrape-time gauges read the store and the queue; anonymous callers and users are
 refused. Real processes: the ``worker``'s AIJOB_METRICS_PORT, and ``web`` with two gunicorn
-workers whose counts one scrape sums."""
+workers whose counts every scrape sums (and whose metrics directory is gone after it stops)."""
 
 import os
 import subprocess
@@ -218,8 +218,10 @@ def test_web_with_two_workers_sums_their_counts_in_every_scrape(backend, make_ru
     with runtime.store.connection():
         admin = TokenStore(runtime.store).create('root', admin=True)
     port = free_port()
-    folder = tmp_path / 'prometheus'
-    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(folder), **backend.env())
+    temp = tmp_path / 'tmp'  # where web makes its metrics directory
+    temp.mkdir()
+    env = dict(os.environ, TMPDIR=str(temp), **backend.env())
+    env.pop('PROMETHEUS_MULTIPROC_DIR', None)
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, 'aijob.py'), 'web', '--port', str(port)]
         + ['--workers', '2'],
@@ -232,6 +234,7 @@ def test_web_with_two_workers_sums_their_counts_in_every_scrape(backend, make_ru
     sent = 0
     try:
         wait_answering(base + '/healthz', proc)
+        (folder,) = temp.glob('aijob-metrics-*')
 
         def both_workers_counted():
             nonlocal sent
@@ -255,3 +258,4 @@ def test_web_with_two_workers_sums_their_counts_in_every_scrape(backend, make_ru
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+    assert list(temp.glob('aijob-metrics-*')) == []  # removed by the master at exit
