@@ -76,6 +76,7 @@
 % for event in events:
   <li class="k-{{event['kind']}}">
     <time datetime="{{event['at']}}" title="{{event['at']}}">{{event['at'][11:23]}}</time>
+    <span class="after">{{event['after']}}</span>
     <strong>{{event['kind']}}</strong>
 %   if event['attemptNo']:
     <span class="muted">attempt {{event['attemptNo']}}</span>
