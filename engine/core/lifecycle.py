@@ -569,12 +569,17 @@ class AiJobLifecycleRepository:
             ).execute()
 
     def record_worker_lost(self, job):
-        """The reaper hands ``job`` (as it read it: expired lock) to another worker: its history
-        says so once per attempt, however many sweeps push it again before a worker takes it."""
+        """The reaper is about to hand ``job`` (as it read it: lock expired) to another worker:
+        its history says so, once per attempt however many sweeps push it again. The fenced
+        touch of the row checks the lock is still expired at that attempt (else
+        JobLockConflictError: it heartbeated or was taken over meanwhile) and holds the row, so
+        this row always comes before the takeover it leads to. Returns whether it wrote one."""
+        fence = ExpiredLockFence(job.attempt_no, 0)
         detail = {'worker': job.locked_by, 'by': 'reaper'}
         event = NewEvent(job.id, history.WORKER_LOST, job.attempt_no, detail)
 
         def write(tx):
+            self._fenced(job.id, fence, 'updated_at = {now}')
             seen = (
                 AiJobEvent.select(AiJobEvent.id)
                 .where(

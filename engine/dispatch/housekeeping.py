@@ -87,11 +87,11 @@ class Reaper:
     def _republish(self, job):
         """The dead worker's message may be gone (Redis lost it) or still held by a live but
         stuck process: push anyway; the lock CAS lets one worker take over."""
+        self.lifecycle.record_worker_lost(job)  # before the push: it precedes the takeover
         try:
             self.queue.push(message_for_job(job), force=True)
         except QueueUnavailableError:
             return 'deferred'
-        self.lifecycle.record_worker_lost(job)
         log_event(
             'job.worker_lost',
             logging.WARNING,
