@@ -88,7 +88,12 @@ class Runtime:
             lock_ttl_ms=config.outbox_lock_ttl_ms,
             store_connection=self.store.connection,
         )
-        self.reaper = Reaper(self.lifecycle, self.queue, reap_after_ms=config.reap_after_ms)
+        self.reaper = Reaper(
+            self.lifecycle,
+            self.queue,
+            reap_after_ms=config.reap_after_ms,
+            repush_after_ms=config.reconcile_after_ms,
+        )
         self.reconciler = Reconciler(self.lifecycle, self.queue, after_ms=config.reconcile_after_ms)
         self.purger = Purger(self.service, self.outbox, config.outbox_retention_ms)
         self.service.cancel_signal = self._signal_cancel

@@ -63,6 +63,8 @@ def test_an_admin_token_signs_in_for_an_httponly_strict_cookie_and_only_its_hash
     assert session_id not in repr(rows) and board.admin_token not in repr(rows)
     page = client.get('/dashboard')
     assert page.status == 200 and 'Overview' in page.text and 'root' in page.text
+    again = client.get('/dashboard/login')  # signed in already: to the overview
+    assert again.status == 303 and again.header('Location') == '/dashboard'
 
 
 def test_a_user_token_is_refused_with_403_and_opens_no_session(board):
@@ -103,6 +105,7 @@ def test_sign_out_ends_the_session(board):
     overview = client.get('/dashboard')
     response = client.post('/dashboard/logout', {'csrf': overview.csrf()})
     assert response.status == 303 and 'aijob_session' not in client.jar
+    assert 'Signed out.' in client.get(response.header('Location')).text
     assert DashboardSession.select().count() == 0
     replay = board.client()
     replay.jar.update(stolen)  # the old cookie is worth nothing now
@@ -324,6 +327,7 @@ def test_usage_totals_by_user_and_job_type(board):
         '/dashboard/usage', {'since': '2001-01-01T00:00', 'until': '2001-01-02T00:00'}
     )
     assert 'No calls.' in empty.text
+    assert client.get('/dashboard/usage', {'part': 'live'}).header('X-Dashboard-Part') is None
     bad = client.get('/dashboard/usage', {'since': 'then'})
     assert 'since must be an ISO-8601 time' in bad.text
 
@@ -435,6 +439,8 @@ def test_in_a_browser_users_are_refused_and_an_operator_follows_cancels_and_retr
         seen.add(int(page.locator('#progress').get_attribute('value')))
         page.wait_for_timeout(150)
     assert page.locator('#progress').get_attribute('value') == '100'
+    timeline = page.locator('ol.timeline strong').all_inner_texts()
+    assert timeline[0] == 'created' and timeline[-1] == 'succeeded' and 'started' in timeline
     assert seen - {0, 100}, 'no progress in between was shown: %s' % sorted(seen)
     # The input is user data: shown as text, never run.
     assert XSS in page.locator('#input').inner_text()
@@ -484,3 +490,22 @@ def test_in_a_browser_users_are_refused_and_an_operator_follows_cancels_and_retr
     assert all((tmp_path / name).stat().st_size > 10_000 for name in ('job.png', 'overview.png'))
     assert errors == []
     context.close()
+
+
+def test_bulk_retry_leaves_the_jobs_of_a_user_over_its_limit_for_a_later_run(make_runtime):
+    from tests.support.runtimes import fast_registry
+
+    rt = make_runtime(registry=fast_registry(), AIJOB_MAX_ACTIVE_JOBS_PER_USER='2')
+    with rt.store.connection():
+        failed = [run_to_failed(rt, create_job(rt).id) for _ in range(2)]
+        create_job(rt)  # one active job: one retry more reaches the limit
+        client = FormClient(create_app(rt))
+        client.sign_in(TokenStore(rt.store).create('root', admin=True))
+        since = (rt.store.clock() - datetime.timedelta(minutes=5)).isoformat()
+        form = {'csrf': client.get('/dashboard').csrf(), 'jobType': 'synthetic', 'since': since}
+        response = client.post('/dashboard/retry-failed', form)
+        notice = client.get(response.header('Location')).text
+        assert 'Retried 1 failed jobs; 1 refused by their users&#039; limits.' in notice
+        retries = AiJob.select().where(AiJob.retry_of_job_id.is_null(False))
+        retried = [job.retry_of_job_id for job in retries]
+        assert retried == [failed[0].id]

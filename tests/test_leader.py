@@ -178,3 +178,16 @@ def test_the_lock_extension_does_not_wait_on_the_queue(engine_rt):
         supervisor.beat()  # the consumer key fails …
 
     assert AiJob.get_by_id(job.id).lock_until > before  # … after the lock was extended
+
+
+def test_a_hand_over_is_pushed_once_while_its_message_waits_for_a_worker(engine_rt):
+    job = create_job(engine_rt, input={'sleepMs': 5000})
+    run_to_running(engine_rt, job.id, 'dead-worker')
+    expire_job_lock(job.id)
+    reaper = Reaper(engine_rt.lifecycle, engine_rt.queue, reap_after_ms=600, repush_after_ms=300)
+    before = engine_rt.queue.depth('ai-interactive')
+    assert reaper.sweep()['republished'] == 1
+    assert reaper.sweep()['waiting'] == 1  # its message waits: no second push
+    time.sleep(0.35)
+    assert reaper.sweep()['republished'] == 1  # not taken since: perhaps lost, push again
+    assert engine_rt.queue.depth('ai-interactive') - before == 2

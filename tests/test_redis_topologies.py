@@ -340,7 +340,7 @@ def test_a_reconnect_inside_a_call_goes_to_the_master_the_sentinels_name_now(sen
     assert conn.port == old_port
     sentinel = sentinel_group.sentinels[0].client()
     wait_until(lambda: _failover(sentinel, sentinel_group.service), timeout=20, interval=0.2)
-    wait_until(lambda: sentinel_group.master_port() not in (None, old_port), timeout=20)
+    wait_until(lambda: sentinel_group.agreed_master_port() not in (None, old_port), timeout=20)
     conn.disconnect()  # as a retry does after a ConnectionError or READONLY
     conn.send_command('SET', 'aijob-follow', '2')
     assert conn.read_response() == 'OK'

@@ -446,6 +446,25 @@ SETTINGS = (
         'Longest a GET /api/ai/jobs/{id}/stream stays open; the client reconnects with '
         'Last-Event-ID.',
     ),
+    Setting(
+        'AIJOB_STREAM_HEARTBEAT_MS',
+        '15000',
+        positive_int,
+        'An idle job event stream gets a comment line this often, so proxies keep it open.',
+    ),
+    Setting(
+        'AIJOB_MAX_STREAMS',
+        '1000',
+        positive_int,
+        'Most job event streams one web process holds at once (429 TOO_MANY_STREAMS beyond).',
+    ),
+    Setting(
+        'AIJOB_MAX_STREAMS_PER_USER',
+        '20',
+        positive_int,
+        'Most job event streams of one user that one web process holds at once '
+        '(429 TOO_MANY_STREAMS beyond).',
+    ),
     # ---- AI providers, credentials, safety and pricing
     Setting(
         'AIJOB_PROVIDER_BASE_URL',

@@ -305,6 +305,13 @@ class TooManyWaitersError(HttpError):
     public_message = 'Too many requests are waiting for a change (waitMs); retry later.'
 
 
+class TooManyStreamsError(HttpError):
+    code = 'TOO_MANY_STREAMS'
+    http_status = 429
+    retry_after_s = 5
+    public_message = 'Too many job event streams are open; close one or retry later.'
+
+
 # What gunicorn itself refuses before the app sees a request (its own answers are made JSON too).
 class RequestLineTooLongError(HttpError):
     code = 'URI_TOO_LONG'

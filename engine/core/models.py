@@ -136,6 +136,7 @@ class AiJob(BaseModel):
             (('queue_name', 'created_at'), False),  # admin filter
             (('created_at',), False),  # admin range
             (('retry_of_job_id',), False),
+            (('finished_at',), False),  # the operators' throughput, bulk retry since T
         )
 
 

@@ -2,8 +2,9 @@
 backlog, which worker runs which job, and jobs finished per minute over the last hour.
 
 Every read uses an index (docs/architecture.md, "Store"): the active states by
-``(lifecycle_status, created_at)``, the finished ones within a window of ``created_at``, so an
-overview costs the same with a year of history behind it. The queue's own figures (depth, live
+``(lifecycle_status, created_at)``, the finished ones within a window of ``created_at``, the
+throughput by ``finished_at`` (the last hour only), so an overview costs the same with a year of
+history behind it. The queue's own figures (depth, live
 consumers) come from the queue; the caller puts the two together.
 """
 
@@ -21,9 +22,6 @@ FINISHED = (SUCCEEDED, FAILED, CANCELLED)
 STATES = ACTIVE + FINISHED
 # Finished jobs are counted over this window of creation times (an index range, not the table).
 COUNT_WINDOW = datetime.timedelta(hours=24)
-# A job counts in the throughput chart when it finished in the last hour and was created within
-# this window: a bounded index range instead of a scan of every job ever finished.
-THROUGHPUT_CREATED_WINDOW = datetime.timedelta(days=1)
 MAX_RUNNING_LISTED = 500
 
 
@@ -112,11 +110,7 @@ class Overview:
         bucket = self._minute_of(AiJob.finished_at)
         query = (
             AiJob.select(bucket.alias('minute'), AiJob.lifecycle_status, peewee.fn.COUNT(AiJob.id))
-            .where(
-                AiJob.lifecycle_status.in_(FINISHED)
-                & (AiJob.created_at >= now - THROUGHPUT_CREATED_WINDOW)
-                & (AiJob.finished_at >= start)
-            )
+            .where((AiJob.finished_at >= start) & AiJob.lifecycle_status.in_(FINISHED))
             .group_by(bucket, AiJob.lifecycle_status)
             .tuples()
         )

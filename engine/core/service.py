@@ -60,6 +60,17 @@ class CreateJobInput:
     webhook_url: Optional[str] = None  # pushed to when the job is terminal (decision 15)
 
 
+@dataclass
+class BulkRetry:
+    """What ``retry_failed`` did: the new jobs, the failed jobs skipped (input purged) and
+    refused (the user's limits), and whether more than the limit were waiting."""
+
+    new_jobs: list
+    skipped: int
+    refused: int
+    more: bool
+
+
 class CreateResult(NamedTuple):
     job: AiJob
     created: bool  # False: an idempotent replay returned the existing job
@@ -234,30 +245,33 @@ class AiJobService:
     def retry_failed(self, job_type, since, limit=BULK_RETRY_LIMIT):
         """Admin bulk retry: ``retry_job`` for each failed job of ``job_type`` that finished at
         or after ``since`` (naive UTC) and has not been retried yet, oldest first, at most
-        ``limit``. Returns (new jobs, jobs skipped because their input is gone, whether more
-        remain). Each retry is its own transaction, so running it again after a crash goes on
-        where it stopped: a retried job is never retried twice."""
+        ``limit``. Each retry is its own transaction, so running it again goes on where it
+        stopped, and a retried job is never retried twice. A job whose input was purged is
+        skipped; one whose user is over a limit (429) is refused and stays for a later run.
+        Returns a BulkRetry."""
         retried = AiJob.select(AiJob.retry_of_job_id).where(
             AiJob.retry_of_job_id.is_null(False) & (AiJob.job_type == job_type)
         )
         candidates = list(
             AiJob.select(AiJob.id)
             .where(
-                (AiJob.lifecycle_status == FAILED)
+                (AiJob.finished_at >= since)
+                & (AiJob.lifecycle_status == FAILED)
                 & (AiJob.job_type == job_type)
-                & (AiJob.finished_at >= since)
                 & AiJob.id.not_in(retried)
             )
             .order_by(AiJob.finished_at, AiJob.id)
             .limit(limit + 1)
         )
-        new_jobs, skipped = [], 0
+        result = BulkRetry([], 0, 0, len(candidates) > limit)
         for job in candidates[:limit]:
             try:
-                new_jobs.append(self.retry_job(job.id))
+                result.new_jobs.append(self.retry_job(job.id))
             except JobNotRetryableError:
-                skipped += 1  # its snapshot was purged: nothing to run it on
-        return new_jobs, skipped, len(candidates) > limit
+                result.skipped += 1  # its snapshot was purged: nothing to run it on
+            except (TooManyJobsError, QuotaExceededError):
+                result.refused += 1  # the user's limits: it stays failed, for a later run
+        return result
 
     def snapshot(self, job_id):
         """The frozen ``{"input", "overrides"}`` a job runs on."""

@@ -3,6 +3,7 @@ forever, whatever happened to a worker or to Redis (architecture decisions 1 and
 purger, which keeps the snapshot and outbox tables from growing without bound."""
 
 import logging
+import time
 
 from ..core import metrics
 from ..core.errors import (
@@ -27,19 +28,25 @@ class Reaper:
 
     The database decides and the queue only carries the hand-over: during a queue outage the
     cancels and failures are still written, and the hand-overs wait for the queue's return (no
-    worker could pop them meanwhile)."""
+    worker could pop them meanwhile). A hand-over is pushed once; while its message waits for a
+    free worker it is not pushed again until ``repush_after_ms`` has passed (the message may have
+    been lost with Redis's data), as the reconciler does for queued jobs."""
 
-    def __init__(self, lifecycle, queue, reap_after_ms=90_000):
+    def __init__(self, lifecycle, queue, reap_after_ms=90_000, repush_after_ms=60_000):
         self.lifecycle = lifecycle
         self.queue = queue
         self.reap_after_ms = reap_after_ms
+        self.repush_after_s = repush_after_ms / 1000.0
+        self._pushed = {}  # job id -> (attempt number, monotonic time of its hand-over push)
 
     def sweep(self):
-        """One pass; returns counts of messages recovered and jobs republished, failed,
-        cancelled, deferred (the queue is down) or skipped."""
+        """One pass; returns counts of messages recovered and jobs republished, waiting (pushed
+        already, not yet taken), failed, cancelled, deferred (the queue is down) or skipped."""
         counts = dict.fromkeys(
-            ('recovered', 'republished', 'failed', 'cancelled', 'deferred', 'skipped'), 0
+            ('recovered', 'republished', 'waiting', 'failed', 'cancelled', 'deferred', 'skipped'),
+            0,
         )
+        self._forget_old_pushes()
         queue_up = True
         try:
             counts['recovered'] = self.queue.recover_orphans()
@@ -87,11 +94,14 @@ class Reaper:
     def _republish(self, job):
         """The dead worker's message may be gone (Redis lost it) or still held by a live but
         stuck process: push anyway; the lock CAS lets one worker take over."""
+        if self._pushed.get(job.id, (None,))[0] == job.attempt_no:
+            return 'waiting'
         self.lifecycle.record_worker_lost(job)  # before the push: it precedes the takeover
         try:
             self.queue.push(message_for_job(job), force=True)
         except QueueUnavailableError:
             return 'deferred'
+        self._pushed[job.id] = (job.attempt_no, time.monotonic())
         log_event(
             'job.worker_lost',
             logging.WARNING,
@@ -100,6 +110,10 @@ class Reaper:
             outcome='republished',
         )
         return 'republished'
+
+    def _forget_old_pushes(self):
+        oldest = time.monotonic() - self.repush_after_s
+        self._pushed = {k: v for k, v in self._pushed.items() if v[1] > oldest}
 
 
 class Reconciler:

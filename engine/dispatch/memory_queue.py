@@ -115,11 +115,8 @@ class MemoryQueue(Queue):
     def consumers(self):
         now = time.monotonic()
         with self._lock:
-            return {
-                consumer_id: int((expiry - now) * 1000)
-                for consumer_id, expiry in self._heartbeats.items()
-                if expiry > now
-            }
+            left = {c: int((expiry - now) * 1000) for c, expiry in self._heartbeats.items()}
+        return {consumer_id: ms for consumer_id, ms in left.items() if ms > 0}
 
     def epoch(self):
         with self._lock:

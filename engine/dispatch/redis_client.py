@@ -5,7 +5,9 @@ Only the queue module uses it; everything above sees the queue contract.
 """
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from ..core.redis_url import CLUSTER, SENTINEL, parse_redis_url
@@ -14,6 +16,15 @@ from ..core.redis_url import CLUSTER, SENTINEL, parse_redis_url
 SOCKET_TIMEOUT_S = 10
 CONNECT_TIMEOUT_S = 3
 HEALTH_CHECK_S = 30
+# A call retries a dropped connection a few times within a second (a closed idle socket, a
+# Sentinel client reaching the new master), then fails: the engine's loops retry at their own
+# pace, and /readyz answers. redis-py's default (10 retries) makes a call to an unreachable host
+# last 10 connect timeouts.
+RETRIES = 3
+
+
+def _retry():
+    return Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), RETRIES)
 
 
 def connect(url):
@@ -26,12 +37,14 @@ def connect(url):
         decode_responses=True,
     )
     if target.kind == CLUSTER:
+        # The cluster client retries on its own (3 times, with a fresh slot map each time).
         return RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
             username=target.username,
             password=target.password,
             **common,
         )
+    common['retry'] = _retry()
     if target.kind == SENTINEL:
         return _sentinel_master(target, common)
     return redis.Redis.from_url(url, health_check_interval=HEALTH_CHECK_S, **common)
@@ -61,6 +74,7 @@ def _sentinel_master(target, common):
             socket_timeout=CONNECT_TIMEOUT_S,
             socket_connect_timeout=CONNECT_TIMEOUT_S,
             password=target.sentinel_password,
+            retry=_retry(),
         ),
     )
     return sentinel.master_for(

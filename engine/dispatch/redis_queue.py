@@ -161,6 +161,9 @@ class RedisQueue(Queue):
     def redis(self):
         """The client, built at first use (a cluster's is built from its slot map, which needs
         a node to answer; until one does every call fails QueueUnavailableError)."""
+        return self._connect()
+
+    def _connect(self):
         if self._client is None:
             with self._client_lock:
                 if self._client is None:
@@ -181,7 +184,7 @@ class RedisQueue(Queue):
         return self._client
 
     def _script(self, name):
-        self.redis  # noqa: B018 (builds the client and its scripts)
+        self._connect()  # the scripts are registered with the client
         return self._scripts[name]
 
     # -- shards and keys
@@ -293,10 +296,10 @@ class RedisQueue(Queue):
             return [self.push(messages[0])]
         self._register()
         pipe = self.redis.pipeline(transaction=False)
-        push = self._script('push')
+        push, cluster = self._script('push'), is_cluster(self.redis)
         for message in messages:
             keys, args = self._push_keys(message), [message.encode(), MARKER_TTL_S, '0']
-            if is_cluster(self.redis):
+            if cluster:
                 # A cluster pipeline refuses EVALSHA (it could not load a script a node
                 # lacks): the script's text goes with each call, cached by the node.
                 pipe.execute_command('EVAL', _PUSH, len(keys), *keys, *args)

@@ -244,7 +244,8 @@ class Supervisor:
 class Worker:
     """Worker pools, supervisor and the housekeeping loops, in this process. The housekeeping
     (reaper, reconciler, outbox polling, webhook fan-out, purge) runs only while this process
-    holds the leader lease (architecture decision 12); the rest runs in every process."""
+    holds the leader lease (architecture decision 12); the rest runs in every process. With
+    ``with_maintenance=False`` the process never stands for the lease: job threads only."""
 
     def __init__(self, runtime, with_maintenance=True):
         self.runtime = runtime
@@ -277,9 +278,10 @@ class Worker:
     def start(self):
         rt, config, conn = self.runtime, self.runtime.config, self.runtime.store.connection
         self._first_beat()
-        # The first attempt at the lease before anything else, so a process alone leads at once.
-        first_wait = self.leadership.step()
-        self._thread('leader', self.leadership.run, self.stop_event, first_wait)
+        if self.with_maintenance:
+            # The first attempt at the lease before anything else: a process alone leads at once.
+            first_wait = self.leadership.step()
+            self._thread('leader', self.leadership.run, self.stop_event, first_wait)
         lead = self.leadership.held
         self._thread('dispatcher', rt.dispatcher.run, self.stop_event, conn, lead)
         # Webhooks on a thread of their own, sending from their own bounded pool: a slow

@@ -32,19 +32,21 @@ from ..core.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
     StoreUnavailableError,
+    TooManyStreamsError,
     TooManyWaitersError,
     UnauthorizedError,
     UnknownCredentialError,
     UnknownJobTypeError,
     UnsupportedMediaTypeError,
 )
+from ..core.history import JobHistory
 from ..core.lifecycle import RUNNING, TERMINAL
 from ..core.logs import log_event
 from ..core.models import AiJob
 from ..core.service import CreateJobInput
-from ..core.store import OperationalError
+from ..core.store import OperationalError, PoolExhausted
 from ..execution.usage import usage_totals
-from . import history_view, views
+from . import history_view, stream, views
 from . import params as admin_jobs
 from .auth import TokenStore, bearer_token
 from .dashboard import Dashboard
@@ -148,7 +150,7 @@ class _Guard:
             return error_reply(exc)
         except (KeyboardInterrupt, SystemExit, MemoryError):
             raise
-        except (OperationalError, peewee.InterfaceError):
+        except (OperationalError, peewee.InterfaceError, PoolExhausted):
             # The driver's error stays here; the client only learns that it may try again.
             log_event('http.store_unavailable', logging.WARNING, exc_info=True)
             return error_reply(StoreUnavailableError())
@@ -383,13 +385,20 @@ class Watch:
     """The ``?waitMs=`` requests of this process, capped per process and per user, and one loop
     that re-reads all their jobs' status columns in one query per poll interval (not one per
     waiter) and wakes the waiters whose job changed. A waiter holds no database connection while
-    it waits. Under gevent the loop is a greenlet; in the in-process test client, a thread."""
+    it waits. Under gevent the loop is a greenlet; in the in-process test client, a thread.
 
-    def __init__(self, store, poll_s, max_waiters, max_per_user):
+    The job streams (stream.py) have a watch of their own: ``read`` is then what they wait on (the
+    latest history id of each job), and ``too_many`` their 429."""
+
+    def __init__(
+        self, store, poll_s, max_waiters, max_per_user, read=None, too_many=TooManyWaitersError
+    ):
         self.store = store
         self.poll_s = poll_s
         self.max_waiters = max_waiters
         self.max_per_user = max_per_user
+        self.read = read or self._read
+        self.too_many = too_many
         self._lock = threading.Lock()
         self._by_job = {}  # job id -> set of _Waiter
         self._per_user = {}
@@ -408,7 +417,7 @@ class Watch:
         with self._lock:
             mine = self._per_user.get(user_id, 0)
             if self._count >= self.max_waiters or mine >= self.max_per_user:
-                raise TooManyWaitersError()
+                raise self.too_many()
             waiter = _Waiter(job_id, user_id)
             self._count += 1
             self._per_user[user_id] = mine + 1
@@ -439,7 +448,7 @@ class Watch:
                     self._loop = None
                     return
             try:
-                rows = self._read(job_ids)
+                rows = self.read(job_ids)
             except Exception:
                 # Every waiter re-reads on its own instead and answers 503 if the store is gone.
                 log_event('http.watch_failed', logging.WARNING, exc_info=True)
@@ -459,6 +468,7 @@ class Watch:
             time.sleep(self.poll_s)
 
     def _read(self, job_ids):
+        """{job id: its status columns}: what a ``?waitMs=`` request waits on."""
         rows = {}
         with self.store.connection():
             for start in range(0, len(job_ids), WATCH_CHUNK):
@@ -482,6 +492,14 @@ class Api:
             self.wait_poll_s,
             runtime.config.max_waiters,
             runtime.config.max_waiters_per_user,
+        )
+        self.streams = Watch(
+            runtime.store,
+            self.wait_poll_s,
+            runtime.config.max_streams,
+            runtime.config.max_streams_per_user,
+            read=stream.watch_reader(runtime.store),
+            too_many=TooManyStreamsError,
         )
         self.openapi = build_openapi(
             runtime.registry, dict(push_paths(), **dashboard_paths()), push_schemas()
@@ -591,6 +609,50 @@ class Api:
                 raise JobNotFoundError(waiter.job_id)
             body, etag = self.status_with_etag(job, refs)
         return body, etag
+
+    def stream_job(self, job_id):
+        """The job's live event stream (stream.py). Everything that can be refused is refused
+        here, as a JSON error, before the first byte of the stream; the route holds no database
+        connection while the stream runs (``db=False``)."""
+        with self.store.connection():
+            principal = self.caller()
+            after_id = stream.parse_last_event_id(_header('Last-Event-ID'))
+            fresh = after_id is None
+            if fresh:
+                # The latest event id before the status (READ COMMITTED): a change committed
+                # between the two reads is in the status and is also sent as the next event,
+                # never lost.
+                after_id = stream.latest_event_ids([job_id]).get(job_id, 0)
+            job, refs = self.visible_status(job_id, principal)
+            ended = job.lifecycle_status in TERMINAL
+            if not fresh and ended and not JobHistory(self.store).list(job_id, after_id, 1):
+                # Nothing after the client's last event and nothing will come: 204 tells an
+                # EventSource to stop reconnecting.
+                return bottle.HTTPResponse(status=204, headers={'Cache-Control': 'no-store'})
+        opening = None
+        if fresh:
+            opening = stream.message('status', self.status_body(job, refs), after_id)
+        waiter = self.streams.enter(job_id, principal.user_id)
+        config = self.runtime.config
+        settings = (config.stream_heartbeat_ms / 1000.0, config.stream_max_s, GONE_CHECK_S)
+        environ = bottle.request.environ
+        body = stream.JobStream(
+            self.store,
+            self.streams,
+            waiter,
+            after_id,
+            opening,
+            settings,
+            lambda: _client_gone(environ),
+            fresh and ended,
+        )
+        log_event('http.stream_opened', job_id=job_id, user_id=principal.user_id)
+        headers = {
+            'Content-Type': stream.CONTENT_TYPE,
+            'Cache-Control': 'no-store',
+            'X-Accel-Buffering': 'no',  # a proxy in front must pass each event on at once
+        }
+        return bottle.HTTPResponse(body=body, status=200, headers=headers)
 
     def status_body(self, job, refs=None):
         """JobStatusResponse; ``refs`` when the caller read them with the job already."""
@@ -786,6 +848,7 @@ def create_app(runtime):
         ('GET', '/api/ai/jobs', api.list_jobs, True),
         ('GET', '/api/ai/jobs/<job_id>', api.get_job, False),  # takes its own connections
         ('GET', '/api/ai/jobs/<job_id>/artifacts', api.get_artifacts, True),
+        ('GET', '/api/ai/jobs/<job_id>/stream', api.stream_job, False),  # its own connections
         ('GET', '/api/ai/jobs/<job_id>/events', api.get_events, True),
         ('POST', '/api/ai/jobs/<job_id>/cancel', api.cancel_job, True),
         ('GET', '/admin-api/ai/jobs', api.admin_list_jobs, True),

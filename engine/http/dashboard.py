@@ -105,10 +105,14 @@ class Dashboard:
         return self._page('job', 'Job', lambda runtime: pages.job_detail(runtime, job_id))
 
     def usage_page(self):
-        return self._page('usage', 'Usage', lambda runtime: pages.usage(runtime, _query()))
+        def values(runtime):
+            return pages.usage(runtime, _query())
 
-    def _page(self, name, title, read):
-        """A page, or only its live part (``?part=live``, what the script refreshes)."""
+        return self._page('usage', 'Usage', values, live=False)
+
+    def _page(self, name, title, read, live=True):
+        """A page, or only its live part (``?part=live``, what the script refreshes; pages with
+        one have a ``NAME_live`` template)."""
         try:
             session_id, principal = self._signed_in()
             values = read(self.runtime)
@@ -119,7 +123,7 @@ class Dashboard:
         if isinstance(values, bottle.HTTPResponse):
             return values
         values.update(self._common(title, session_id, principal))
-        if _query().get('part') == 'live':
+        if live and _query().get('part') == 'live':
             body = self._render(name + '_live', values)
             headers = {'X-Dashboard-Part': 'live'}
             if values.get('terminal'):
@@ -143,10 +147,21 @@ class Dashboard:
 
     # -- sign-in
     def login_page(self, status=200, message=None):
+        if status == 200:
+            try:
+                self._signed_in()
+                return _redirect(PREFIX)  # already signed in
+            except _SignIn:
+                pass
         nonce = bottle.request.get_cookie(LOGIN_COOKIE)
         if not nonce or len(nonce) > 64:
             nonce = os.urandom(16).hex()
-        values = {'title': 'Sign in', 'login_csrf': nonce, 'message': message}
+        values = {
+            'title': 'Sign in',
+            'login_csrf': nonce,
+            'message': message,
+            'notice': NOTICES.get(_query().get('notice') or ''),
+        }
         response = _html(self._render('login', values), status)
         response.set_cookie(LOGIN_COOKIE, nonce, **self._cookie_options(max_age=3600))
         return response
@@ -211,17 +226,17 @@ class Dashboard:
             since = pages.admin_jobs.parse_time(form.getunicode('since'), 'since')
             if since is None:
                 raise InvalidRequestError('since is required', field='since')
-            new_jobs, skipped, more = self.runtime.service.retry_failed(job_type, since)
+            done = self.runtime.service.retry_failed(job_type, since)
             log_event(
                 'dashboard.retry_failed',
                 job_type=job_type,
-                retried=len(new_jobs),
-                skipped=skipped,
+                retried=len(done.new_jobs),
+                skipped=done.skipped,
+                refused=done.refused,
                 user_id=principal.user_id,
             )
-            query = {'jobType': job_type, 'notice': 'bulk', 'n': len(new_jobs), 'skipped': skipped}
-            if more:
-                query['more'] = 1
+            query = {'jobType': job_type, 'notice': 'bulk', 'n': len(done.new_jobs)}
+            query.update(skipped=done.skipped, refused=done.refused, more=int(done.more))
             return _redirect(PREFIX + '/jobs?' + urlencode(query))
 
         return self._action(act)
@@ -350,6 +365,8 @@ def _bulk_notice(query):
     text = 'Retried %d failed jobs' % number('n')
     if number('skipped'):
         text += '; %d skipped (their input was purged)' % number('skipped')
-    if query.get('more'):
+    if number('refused'):
+        text += "; %d refused by their users' limits" % number('refused')
+    if number('more'):
         text += '; more remain: run it again'
     return text + '.'

@@ -173,7 +173,7 @@ def job_detail(runtime, job_id):
         'terminal': job.lifecycle_status in TERMINAL,
         'can_cancel': job.lifecycle_status not in TERMINAL and job.cancel_requested_at is None,
         'can_retry': job.lifecycle_status in (FAILED, CANCELLED),
-        'events': [event.admin() for event in JobHistory(runtime.store).list(job.id)],
+        'events': _timeline(JobHistory(runtime.store).list(job.id)),
         'input': pretty(snapshot.content) if snapshot is not None else None,
         'artifacts': views.artifact_contents(job)['artifacts'],
         'usage': usage,
@@ -185,6 +185,17 @@ def job_detail(runtime, job_id):
         ),
         'since_default': input_value(runtime.store.clock() - datetime.timedelta(days=1)),
     }
+
+
+def _timeline(events):
+    """The admin view of each event plus ``after``: the time since the first one."""
+    start = events[0].at if events else None
+    return [dict(event.admin(), after=duration_since(start, event.at)) for event in events]
+
+
+def duration_since(start, at):
+    seconds = (at - start).total_seconds()
+    return '+%.3f s' % seconds if seconds < 60 else '+' + duration(start, at)
 
 
 def _usage_total(rows):

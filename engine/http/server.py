@@ -225,7 +225,7 @@ def gunicorn_options(config, host, port, workers):
         'bind': '%s:%d' % (host, port),
         'workers': workers,
         'worker_class': 'gevent',
-        'worker_connections': config.max_waiters + SPARE_CONNECTIONS,
+        'worker_connections': config.max_waiters + config.max_streams + SPARE_CONNECTIONS,
         'timeout': WORKER_TIMEOUT_S,
         'graceful_timeout': config.shutdown_grace_ms // 1000 + 5,
         'keepalive': max(1, min(KEEPALIVE_S, math.ceil(config.request_timeout_ms / 1000))),

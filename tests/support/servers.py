@@ -318,6 +318,17 @@ class SentinelGroup:
                 continue
         return None
 
+    def agreed_master_port(self):
+        """The master's port if every sentinel names the same one, else None (just after a
+        failover they learn it one by one)."""
+        ports = set()
+        for sentinel in self.sentinels:
+            try:
+                ports.add(int(sentinel.client().sentinel_get_master_addr_by_name(self.service)[1]))
+            except Exception:
+                return None
+        return ports.pop() if len(ports) == 1 else None
+
     def node_on(self, port):
         return next(node for node in self.data_nodes if node.port == port)
 

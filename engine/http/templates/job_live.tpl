@@ -75,7 +75,8 @@
 <ol class="timeline">
 % for event in events:
   <li class="k-{{event['kind']}}">
-    <time>{{event['at'][11:23]}}</time>
+    <time datetime="{{event['at']}}" title="{{event['at']}}">{{event['at'][11:23]}}</time>
+    <span class="after">{{event['after']}}</span>
     <strong>{{event['kind']}}</strong>
 %   if event['attemptNo']:
     <span class="muted">attempt {{event['attemptNo']}}</span>

@@ -1,9 +1,9 @@
 <section class="cards">
 % for state in states:
-  <div class="card s-{{state}}">
+  <a class="card s-{{state}}" href="{{prefix}}/jobs?{{urlencode({'lifecycleStatus': state})}}">
     <span class="n">{{totals[state]}}</span>
     <span class="l">{{state}}{{'' if state in ('queued', 'running') else ' (24 h)'}}</span>
-  </div>
+  </a>
 % end
   <div class="card">
     <span class="n">{{outbox['pending']}}</span><span class="l">outbox pending</span>
