@@ -113,3 +113,18 @@ def test_a_refused_or_failing_result_in_a_batch_goes_on_as_it_would_alone(make_e
         assert AiJobArtifact.select().where(AiJobArtifact.job_id == job_id).count() == 1
     assert AiJobArtifact.select().where(AiJobArtifact.job_id == ids[2]).count() == 0
     assert engine.held_attempts() == []
+
+
+def test_a_batch_costs_one_statement_more_per_job_whatever_rows_each_job_writes(engine_rt):
+    """The lock is one statement for the batch, and the rows of every success (artifact, link,
+    usage, terminal event, history) go out as one INSERT per table for the group: a bigger
+    batch adds only each job's own fenced UPDATE."""
+
+    def statements_for(count):
+        ids = [create_job(engine_rt).id for _ in range(count)]
+        engine = ExecutionEngine(engine_rt, 'worker-%d' % count)
+        before = engine_rt.store.statement_count()
+        assert set(engine.execute_batch(ids).values()) == {'succeeded'}
+        return engine_rt.store.statement_count() - before
+
+    assert statements_for(8) - statements_for(2) == 6

@@ -13,16 +13,21 @@ group runs again without it. A deadlock retries the whole group; a store that ca
 fails every work left (each caller then waits out the outage on its own).
 """
 
+import contextlib
 import functools
 import logging
 import threading
 
-from .history import one_insert
 from .logs import log_event
+from .sql import rows_together
 
 
 class _Rollback(Exception):
     """One work failed: roll the group's transaction back."""
+
+
+class _RowsFailed(Exception):
+    """The rows the works wrote together failed, and no one work can be named for it."""
 
 
 class _Ticket:
@@ -48,6 +53,8 @@ class GroupCommit:
         threads submit meanwhile. Returns one outcome per work once its transaction ended:
         None when it committed, else the exception it raised (nothing of it was written). Call
         it inside a unit of database work (the leader commits on its thread's connection)."""
+        if self.store.in_transaction():  # the caller's transaction: no one else's work joins it
+            return [self._alone(work) for work in works]
         ticket = _Ticket(list(works))
         with self._cond:
             self._waiting.append(ticket)
@@ -71,11 +78,23 @@ class GroupCommit:
                 self._cond.notify_all()
         return ticket.outcomes
 
+    def _alone(self, work):
+        try:
+            with self.store.atomic() as tx:
+                work(tx)
+        except Exception as exc:
+            return exc
+        return None
+
     def _commit(self, group):
         left = [(member, i) for member in group for i in range(len(member.works))]
+        together = True
         while left:
             try:
-                self.store.run_in_transaction(functools.partial(self._all, left))
+                self.store.run_in_transaction(functools.partial(self._all, left, together))
+            except _RowsFailed:
+                together = False  # again, each work's rows written at once: the culprit shows
+                continue
             except _Rollback as rollback:
                 member, i, exc = rollback.args
             except Exception as exc:  # the store: every work left fails with it
@@ -95,14 +114,22 @@ class GroupCommit:
                 error_type=exc.__class__.__name__,
             )
 
-    def _all(self, left, tx):
-        """Every work of ``left`` in the transaction ``tx``; the first that raises rolls it back
-        (_Rollback names it)."""
-        with one_insert(self.store):  # the works' history rows: one INSERT for the group
-            for member, i in left:
-                try:
-                    member.works[i](tx)
-                except Exception as exc:
-                    if self.store.is_transient(exc) or self.store.is_unreachable(exc):
-                        raise  # the transaction's trouble, not this work's
-                    raise _Rollback(member, i, exc) from exc
+    def _all(self, left, together, tx):
+        """Every work of ``left`` in the transaction ``tx``, their rows written ``together``
+        (sql.rows_together: one INSERT per statement for the whole group); the first work that
+        raises rolls it back (_Rollback names it)."""
+        try:
+            with rows_together() if together else contextlib.nullcontext():
+                for member, i in left:
+                    try:
+                        member.works[i](tx)
+                    except Exception as exc:
+                        if self.store.is_transient(exc) or self.store.is_unreachable(exc):
+                            raise  # the transaction's trouble, not this work's
+                        raise _Rollback(member, i, exc) from exc
+        except _Rollback:
+            raise
+        except Exception as exc:
+            if self.store.is_transient(exc) or self.store.is_unreachable(exc):
+                raise
+            raise _RowsFailed() from exc

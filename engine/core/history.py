@@ -6,14 +6,12 @@ the number of jobs it changes). Readers get ``JobEvent``s from ``JobHistory``; `
 what a job's owner may see, ``admin()`` everything.
 """
 
-import contextlib
 import datetime
-import threading
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .models import AiJobEvent
-from .sql import statement
+from .models import AiJob, AiJobEvent
+from .sql import insert_row, rows_together
 
 # The kinds of event, in the order a job's life usually runs through them.
 CREATED = 'created'
@@ -47,12 +45,8 @@ PROGRESS_STEP = 10
 
 # Detail keys only an admin sees: which process did it, and error text not meant for users.
 ADMIN_ONLY = frozenset(('worker', 'dispatcher', 'internalMessage'))
-# Rows per INSERT (a bound on one statement's size).
-INSERT_BATCH = 500
 _INSERT = 'INSERT INTO ai_job_event (job_id, kind, attempt_no, detail, created_at) VALUES '
 _ROW = '(%s, %s, %s, %s, {now})'
-# The rows a ``one_insert`` block of this thread collects (None outside one).
-_collecting = threading.local()
 
 
 class NewEvent(NamedTuple):
@@ -66,35 +60,16 @@ class NewEvent(NamedTuple):
 
 def insert_events(store, events):
     """Write ``events`` (NewEvent) inside the caller's transaction, stamped with the database
-    clock: one INSERT for up to INSERT_BATCH rows. Returns how many were written."""
+    clock: one INSERT for up to sql.ROWS_PER_INSERT rows (with the other rows of a group commit,
+    sql.rows_together). Returns how many were written."""
     events = list(events)
     assert not events or store.in_transaction(), 'events are written with their change'
-    collected = getattr(_collecting, 'rows', None)
-    if collected is not None:  # a one_insert block writes them at its end
-        collected.extend(events)
-        return len(events)
     encode = AiJobEvent.detail.db_value
-    for start in range(0, len(events), INSERT_BATCH):
-        chunk = events[start : start + INSERT_BATCH]
-        params = []
-        for event in chunk:
-            params.extend((event.job_id, event.kind, event.attempt_no, encode(event.detail or {})))
-        store.execute(statement(_INSERT + ', '.join([_ROW] * len(chunk))), params)
+    rows = [(e.job_id, e.kind, e.attempt_no, encode(e.detail or {})) for e in events]
+    with rows_together():
+        for params in rows:
+            insert_row(_INSERT, _ROW, params)
     return len(events)
-
-
-@contextlib.contextmanager
-def one_insert(store):
-    """Within the block, ``insert_events`` collects rows; when the block ends without an error
-    they are written in one INSERT, still inside the caller's transaction. A group commit of
-    many jobs' final writes thus pays one INSERT for all their rows."""
-    outer = getattr(_collecting, 'rows', None)
-    rows = _collecting.rows = []
-    try:
-        yield
-    finally:
-        _collecting.rows = outer
-    insert_events(store, rows)
 
 
 def progress_milestone(percent):
@@ -152,3 +127,20 @@ class JobHistory:
         if limit is not None:
             query = query.limit(limit)
         return [JobEvent.from_row(row) for row in query]
+
+    def purge_finished(self, older_than_ms, limit=1000):
+        """Delete up to ``limit`` history rows older than ``older_than_ms`` of jobs that finished
+        before then too: a job still queued or running (or finished since) keeps every row, so
+        a history is only ever cut once its job is long done. Returns how many were deleted."""
+        cutoff = self.store.now_plus_ms(-older_than_ms)
+        ids = [
+            row.id
+            for row in AiJobEvent.select(AiJobEvent.id)
+            .join(AiJob, on=(AiJob.id == AiJobEvent.job_id))
+            # finished_at is set by the terminal write only (NULL never compares true)
+            .where((AiJobEvent.created_at < cutoff) & (AiJob.finished_at < cutoff))
+            .limit(limit)
+        ]
+        if not ids:
+            return 0
+        return AiJobEvent.delete().where(AiJobEvent.id.in_(ids)).execute()

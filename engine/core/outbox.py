@@ -3,7 +3,7 @@ by compare-and-set before they are pushed to a queue, so a push happens once per
 
 from .history import DISPATCHED, NewEvent, insert_events
 from .models import OutboxEvent
-from .sql import Statement, placeholders, statement
+from .sql import Statement, insert_row, placeholders, statement
 from .store import IntegrityError
 
 ENQUEUE_EVENT = 'ai.job.enqueue'
@@ -56,6 +56,12 @@ class ClaimStatements:
         self.any_due = Statement('SELECT id FROM outbox_event WHERE ' + due + ' LIMIT 1')
 
 
+# A terminal event, written with the transition (sql.insert_row: with the others of a group).
+TERMINAL_INSERT = (
+    'INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload, '
+    'status, attempt_count, available_at, locked_by, locked_at, created_at, updated_at) VALUES '
+)
+TERMINAL_ROW = "(%s, %s, %s, %s, %s, 'pending', 0, {now}, NULL, NULL, {now}, {now})"
 INSERT_PENDING = Statement(_INSERT.format(values="'pending'", claim='NULL, NULL'))
 INSERT_CLAIMED = Statement(_INSERT.format(values="'processing'", claim='%s, {now}'))
 
@@ -109,16 +115,12 @@ class OutboxRepository:
     def create_terminal_event(self, tx, job_id, status):
         """The ``ai.job.<status>`` event of a job that just became terminal, in the transaction
         that made it so: a rolled-back attempt leaves none, and the dedupe key (one per job and
-        event) makes a job that commits once have exactly one."""
+        event) makes a job that commits once have exactly one (a second insert is ignored)."""
         event_type = TERMINAL_EVENTS[status]
-        return self.create_in_transaction(
-            tx,
-            event_type=event_type,
-            aggregate_type='AiJob',
-            aggregate_id=job_id,
-            dedupe_key='%s:%s' % (event_type, job_id),
-            payload={'jobId': job_id, 'lifecycleStatus': status},
-        )
+        payload = OutboxEvent.payload.db_value({'jobId': job_id, 'lifecycleStatus': status})
+        dedupe_key = '%s:%s' % (event_type, job_id)
+        params = (event_type, 'AiJob', job_id, dedupe_key, payload)
+        insert_row(TERMINAL_INSERT, TERMINAL_ROW, params, ignore_duplicate=True)
 
     def claim_batch(self, claimer, limit=100, statements=ENQUEUE_CLAIM):
         """CAS up to ``limit`` due pending events → processing for ``claimer`` in one statement,

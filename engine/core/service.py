@@ -16,12 +16,13 @@ from .errors import (
     QuotaExceededError,
     TooManyJobsError,
 )
+from .groupcommit import GroupCommit
 from .history import CREATED, DISPATCHED, RETRIED, NewEvent, insert_events
 from .lifecycle import CANCELLED, FAILED, TERMINAL
 from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
 from .outbox import ENQUEUE_EVENT
 from .registry import first_error
-from .sql import Statement
+from .sql import Statement, insert_row
 from .store import IntegrityError
 from .webhook_urls import UrlPolicy, check_url
 
@@ -34,10 +35,11 @@ OVERRIDE_FIELDS = (
 )
 DEFAULT_SNAPSHOT_TTL_MS = 30 * 24 * 3600 * 1000
 BULK_RETRY_LIMIT = 500  # new jobs one bulk retry creates at most; run it again for more
-INSERT_SNAPSHOT = Statement(
+INSERT_SNAPSHOT = (
     'INSERT INTO ai_job_snapshot (job_id, content, redaction_version, expires_at, created_at) '
-    'VALUES (%s, %s, 1, {now_plus}, {now})'
+    'VALUES '
 )
+SNAPSHOT_ROW = '(%s, %s, 1, {now_plus}, {now})'
 # Both per-user admission counts in one read: unfinished jobs, and jobs created this UTC day.
 ADMISSION_COUNTS = Statement(
     "SELECT COALESCE(SUM(CASE WHEN lifecycle_status IN ('queued', 'running') THEN 1 END), 0), "
@@ -91,6 +93,7 @@ class AiJobService:
         snapshot_ttl_ms=DEFAULT_SNAPSHOT_TTL_MS,
     ):
         self.store = store
+        self.creates = GroupCommit(store)
         self.snapshot_ttl_ms = snapshot_ttl_ms
         self.registry = registry
         self.lifecycle = lifecycle
@@ -127,10 +130,17 @@ class AiJobService:
                 return self._replay(existing, fingerprint)
         if self.admission is not None:
             self.admission(request, definition)
+        written = []  # the last run of the work is the one that committed
+
+        def work(tx):
+            written.append(self._insert(tx, definition, request, overrides, fingerprint))
+
         try:
-            job, event = self.store.run_in_transaction(
-                lambda tx: self._insert(tx, definition, request, overrides, fingerprint)
-            )
+            # With the creates of other threads (web requests) in one transaction, one commit.
+            [failure] = self.creates.run([work])
+            if failure is not None:
+                raise failure
+            job, event = written[-1]
         except IntegrityError:
             # Lost the race for the same idempotency key (contracts §2.4, last bullet): the winner
             # has committed; read it in a fresh transaction and answer as a replay.
@@ -166,8 +176,10 @@ class AiJobService:
             retry_of_job_id=request.retry_of_job_id,
         )
         content = AiJobSnapshot.content.db_value({'input': request.input, 'overrides': overrides})
-        self.store.execute(
-            INSERT_SNAPSHOT, (job_id, content, self.store.ms_param(self.snapshot_ttl_ms))
+        insert_row(
+            INSERT_SNAPSHOT,
+            SNAPSHOT_ROW,
+            (job_id, content, self.store.ms_param(self.snapshot_ttl_ms)),
         )
         claimed_by = self.instance_id if self.dispatch_now is not None else None
         event = self.outbox.create_in_transaction(

@@ -52,7 +52,7 @@ class WebhookFanout:
             return 0
 
         def work(tx):
-            deliveries = sum(self.webhooks.fan_out(event) for event in events)
+            deliveries = self.webhooks.fan_out(events)
             self.outbox.mark_published_batch([event.id for event in events], claimer)
             return deliveries
 

@@ -55,11 +55,12 @@ CLAIM_MAX = 50
 
 
 class ClaimSize:
-    """How many jobs a worker thread pops and locks at once: as many as it expects to finish in
-    ``claim_ahead_ms``, from a moving average of the time its jobs took. Long jobs (an AI call of
-    seconds) are taken one at a time, so a worker never hoards work another could start now;
-    jobs of a millisecond are taken by the dozen, and their locks and results cost one commit
-    per batch instead of one per job."""
+    """How many jobs a worker thread pops and locks at once: as many as it expects to run in
+    ``claim_ahead_ms``, from a moving average of the time its jobs ran (their lock and final
+    commit, shared by a batch, left out). Long jobs (an AI call of seconds) are taken one at a
+    time, so a worker never hoards work another could start now; jobs of a millisecond are
+    taken by the dozen, and their locks and results cost one commit per batch instead of one
+    per job."""
 
     def __init__(self, claim_ahead_ms, most=CLAIM_MAX):
         self.ahead_s = claim_ahead_ms / 1000.0
@@ -71,12 +72,12 @@ class ClaimSize:
             return 1
         return max(1, min(self.most, int(self.ahead_s / max(self.per_job_s, 1e-4))))
 
-    def observe(self, jobs, seconds):
-        per_job = seconds / max(1, jobs)
+    def observe(self, seconds):
+        """One job ran for ``seconds``."""
         if self.per_job_s is None:
-            self.per_job_s = per_job
+            self.per_job_s = seconds
         else:
-            self.per_job_s = 0.7 * self.per_job_s + 0.3 * per_job
+            self.per_job_s = 0.8 * self.per_job_s + 0.2 * seconds
 
 
 class WorkerPool:
@@ -135,16 +136,14 @@ class WorkerPool:
             for delivery in deliveries:
                 self.queue.release(delivery)
             return {}
-        started = time.monotonic()
         try:
             statuses = self.engine.execute_batch(
-                [d.message.job_id for d in deliveries], self.claim_ahead_ms / 1000.0
+                [d.message.job_id for d in deliveries], self.claim_ahead_ms / 1000.0, claim.observe
             )
         except Exception:
             for delivery in deliveries:  # as in run_one: never strand them in our list
                 self.queue.release(delivery)
             raise
-        claim.observe(len(deliveries), time.monotonic() - started)
         done = []
         for delivery in deliveries:
             status = statuses.get(delivery.message.job_id)
