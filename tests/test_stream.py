@@ -13,6 +13,7 @@ import time
 import pytest
 
 from engine.core.history import JobHistory
+from engine.http import stream
 from tests.support.api import JOBS, Harness
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 from tests.test_api_serve import http
@@ -125,6 +126,17 @@ def test_resuming_with_last_event_id_repeats_nothing(make_stream_api):
     # A fresh stream of a finished job: its status at once, then the end.
     (fresh,) = events(read_stream(api.a, job_id))
     assert fresh == dict(whole[-1])
+
+
+def test_a_history_longer_than_one_read_is_sent_whole(make_stream_api, monkeypatch):
+    api = make_stream_api()
+    job_id = api.create(input=RETRIES_THEN_SUCCEEDS)
+    api.runtime.start_background()
+    wait_terminal(api.runtime, job_id)
+    whole = events(read_stream(api.a, job_id, last_event_id=0))
+    monkeypatch.setattr(stream, 'ROWS_PER_READ', 2)  # read the history two rows at a time
+    assert events(read_stream(api.a, job_id, last_event_id=0)) == whole
+    assert len(whole) > 5
 
 
 def test_an_idle_stream_gets_heartbeats_and_ends_at_its_time_cap(make_stream_api):
