@@ -578,10 +578,9 @@ def test_openapi_documents_every_route_of_the_app(api):
         (method.upper(), path) for path, item in document['paths'].items() for method in item
     }
 
-    def openapi_path(rule):  # bottle's <job_id> is the document's {jobId}
-        return re.sub(
-            r'<(\w+)>', lambda m: '{%s}' % re.sub(r'_(\w)', lambda c: c[1].upper(), m[1]), rule
-        )
+    def openapi_path(rule):  # bottle's <job_id> (or <job_id:re:...>) is the document's {jobId}
+        camel = lambda m: '{%s}' % re.sub(r'_(\w)', lambda c: c[1].upper(), m[1])  # noqa: E731
+        return re.sub(r'<(\w+)(?::[^>]*)?>', camel, rule)
 
     routes = {(route.method, openapi_path(route.rule)) for route in api.app.routes}
     assert routes == documented

@@ -70,6 +70,10 @@ INTERNAL_MESSAGE = 'Internal error.'
 WATCH_CHUNK = 500  # job ids per batched re-read of the waiters' jobs
 GONE_CHECK_S = 0.5  # a waiting request looks at its client's socket at least this often
 
+# Any webhook id but job-secret, so that a DELETE of /api/ai/webhooks/job-secret is 405 and its
+# Allow header names GET only, as the document says.
+WEBHOOK_ID = '<webhook_id:re:(?!job-secret$)[^/]+>'
+
 # bottle's own errors (no route, wrong method, a body it cannot read) by status.
 BOTTLE_ERRORS = {
     404: NoSuchEndpointError,
@@ -244,12 +248,28 @@ def _client_gone(environ):
     if sock is None:
         return False
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
+        if not _readable_now(sock):
             return False
         return sock.recv(1, socket.MSG_PEEK) == b''
     except (OSError, ValueError):
         return True
+
+
+def _readable_now(sock):
+    """Whether ``sock`` can be read without waiting. poll(), not select(): select() refuses a
+    descriptor above 1023, which a process holding a thousand polls hands out. gevent's patching
+    removes select.poll, so the original is taken (with a zero timeout it never blocks)."""
+    poller = _original_poll()()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(0))
+
+
+def _original_poll():
+    if _cooperative():
+        from gevent import monkey
+
+        return monkey.get_original('select', 'poll')
+    return select.poll
 
 
 def _check_json_values(body):
@@ -475,7 +495,8 @@ class Api:
             runtime.config.max_waiters,
             runtime.config.max_waiters_per_user,
         )
-        self.openapi = build_openapi(runtime.registry, push_paths(), push_schemas())
+        job_types = sorted(d.job_type for d in runtime.registry.get_all())
+        self.openapi = build_openapi(runtime.registry, push_paths(), push_schemas(job_types))
         self.push = WebhookEndpoints(runtime)
 
     # -- auth
@@ -747,7 +768,7 @@ def create_app(runtime):
         ('POST', '/api/ai/webhooks', api.create_webhook, True),
         ('GET', '/api/ai/webhooks', api.list_webhooks, True),
         ('GET', '/api/ai/webhooks/job-secret', api.webhook_job_secret, True),
-        ('DELETE', '/api/ai/webhooks/<webhook_id>', api.delete_webhook, True),
+        ('DELETE', '/api/ai/webhooks/' + WEBHOOK_ID, api.delete_webhook, True),
         ('GET', '/admin-api/ai/webhook-deliveries', api.admin_list_deliveries, True),
         (
             'POST',

@@ -4,12 +4,15 @@ drift from what the API really answers."""
 
 from ..core.errors import public_error_codes
 from ..core.lifecycle import LEGACY_STATUS_TO_LIFECYCLE, Status
-from ..core.registry import CREDENTIAL_MODES, QUEUE_NAMES
+from ..core.registry import QUEUE_NAMES
+from ..execution.credentials import MAX_KEY_CHARS, PROVIDER_PATTERN
 from .params import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 
 STATUSES = [status.value for status in Status]
 TIME = {'type': 'string', 'format': 'date-time'}
 NULLABLE_TIME = {'type': ['string', 'null'], 'format': 'date-time'}
+USER_KEY_MODE = 'user_deepseek_key'
+NOT_BLANK = r'\S'  # a name the service accepts holds something besides white space
 
 # What a status's codes mean where their names do not say it; the codes themselves come from the
 # error classes (errors.public_error_codes), so a new error cannot be left out of the document.
@@ -73,7 +76,7 @@ def _query_param(name, description, schema=None):
     }
 
 
-def _schemas(job_types):
+def _schemas(definitions):
     job_status = {
         'type': 'object',
         'additionalProperties': False,
@@ -140,43 +143,7 @@ def _schemas(job_types):
             'required': ['artifactType', 'artifactId'],
             'properties': {'artifactType': {'type': 'string'}, 'artifactId': {'type': 'string'}},
         },
-        'CreateJobRequest': {
-            'type': 'object',
-            'additionalProperties': False,
-            'required': ['jobType', 'targetType', 'targetId'],
-            'properties': {
-                'jobType': {'type': 'string', 'enum': job_types},
-                'targetType': {'type': 'string', 'maxLength': 64},
-                'targetId': {'type': 'string', 'maxLength': 128},
-                'input': {
-                    'type': 'object',
-                    'description': "Checked against the job type's input schema.",
-                },
-                'idempotencyKey': {
-                    'type': 'string',
-                    'maxLength': 255,
-                    'description': 'Or the Idempotency-Key header.',
-                },
-                'webhookUrl': {
-                    'type': 'string',
-                    'maxLength': 2048,
-                    'description': 'POSTed the terminal status, signed with the secret of '
-                    'GET /api/ai/webhooks/job-secret; https, public addresses only '
-                    '(WEBHOOK_URL_REFUSED otherwise).',
-                },
-                'overrides': {
-                    'type': 'object',
-                    'additionalProperties': False,
-                    'properties': {
-                        'priority': {'type': 'integer', 'minimum': 0, 'maximum': 100},
-                        'credentialMode': {'enum': list(CREDENTIAL_MODES)},
-                        'credentialId': {'type': 'string'},
-                        'promptVersion': {'type': 'string'},
-                        'outputSchemaVersion': {'type': 'string'},
-                    },
-                },
-            },
-        },
+        'CreateJobRequest': _create_job_request(definitions),
         'ArtifactList': {
             'type': 'object',
             'additionalProperties': False,
@@ -221,8 +188,12 @@ def _schemas(job_types):
             'additionalProperties': False,
             'required': ['provider', 'apiKey'],
             'properties': {
-                'provider': {'type': 'string', 'examples': ['deepseek']},
-                'apiKey': {'type': 'string', 'maxLength': 512},
+                'provider': {
+                    'type': 'string',
+                    'pattern': PROVIDER_PATTERN.pattern,
+                    'examples': ['deepseek'],
+                },
+                'apiKey': {'type': 'string', 'maxLength': MAX_KEY_CHARS, 'pattern': r'^\S+$'},
             },
         },
         'Credential': {
@@ -293,6 +264,76 @@ def _schemas(job_types):
             },
         },
     }
+
+
+def _create_job_request(definitions):
+    """One schema per job type (``oneOf`` on ``jobType``): its input schema and the credential
+    modes it allows are part of the contract, so a body the document allows is one the server
+    accepts. Optional fields may be null (the same as absent)."""
+    return {
+        'oneOf': [_create_one(d) for d in definitions],
+        'description': 'Idempotency: idempotencyKey or the Idempotency-Key header; when both are '
+        'given they must be equal.',
+    }
+
+
+def _create_one(definition):
+    text = {'type': 'string', 'pattern': NOT_BLANK}
+    nullable = lambda schema: dict(schema, type=[schema['type'], 'null'])  # noqa: E731
+    return {
+        'type': 'object',
+        'additionalProperties': False,
+        'required': ['jobType', 'targetType', 'targetId'],
+        'properties': {
+            'jobType': {'const': definition.job_type},
+            'targetType': dict(text, maxLength=64),
+            'targetId': dict(text, maxLength=128),
+            'input': dict(
+                definition.input.schema or {'type': 'object'},
+                description="The job type's input (default {}).",
+            ),
+            'idempotencyKey': nullable(dict(text, maxLength=255)),
+            'webhookUrl': {
+                'type': ['string', 'null'],
+                'format': 'uri',
+                'pattern': '^https?://',
+                'maxLength': 2048,
+                'description': 'POSTed the terminal status, signed with the secret of '
+                'GET /api/ai/webhooks/job-secret; https, public addresses only '
+                '(WEBHOOK_URL_REFUSED otherwise).',
+            },
+            'overrides': _overrides(definition, text, nullable),
+        },
+    }
+
+
+def _overrides(definition, text, nullable):
+    """What a job may override; ``credentialId`` names a stored key, and only with the
+    user-key mode (which the job type must allow)."""
+    modes = list(definition.credential.allowed_modes)
+    schema = {
+        'type': ['object', 'null'],
+        'additionalProperties': False,
+        'properties': {
+            'priority': {'type': ['integer', 'null'], 'minimum': 0, 'maximum': 100},
+            'credentialMode': {'enum': modes + [None]},
+            'credentialId': {'type': 'null'},
+            'promptVersion': nullable(dict(text, maxLength=32)),
+            'outputSchemaVersion': nullable(dict(text, maxLength=32)),
+        },
+    }
+    if USER_KEY_MODE in modes:
+        user_mode = {'properties': {'credentialMode': {'const': USER_KEY_MODE}}}
+        if definition.credential.default_mode != USER_KEY_MODE:
+            user_mode['required'] = ['credentialMode']
+        schema['if'] = user_mode
+        schema['then'] = {
+            'required': ['credentialId'],
+            'properties': {'credentialId': dict(text, maxLength=36)},
+        }
+        schema['else'] = {'properties': {'credentialId': {'type': 'null'}}}
+        schema['properties']['credentialId'] = {'type': ['string', 'null']}
+    return schema
 
 
 def _job_paths():
@@ -527,7 +568,9 @@ def _operations_paths():
 
 
 def build_openapi(registry, extra_paths=None, extra_schemas=None):
-    job_types = sorted(d.job_type for d in registry.get_all() if d.api_creatable)
+    definitions = sorted(
+        (d for d in registry.get_all() if d.api_creatable), key=lambda d: d.job_type
+    )
     paths = {}
     for part in (
         _job_paths(),
@@ -537,7 +580,7 @@ def build_openapi(registry, extra_paths=None, extra_schemas=None):
         extra_paths or {},
     ):
         paths.update(part)
-    schemas = _schemas(job_types)
+    schemas = _schemas(definitions)
     schemas.update(extra_schemas or {})
     return {
         'openapi': '3.1.0',
