@@ -180,7 +180,14 @@ def _bottle_error(error):
 
 # ---------------------------------------------------------------- request helpers
 def _query():
-    return {name: bottle.request.query.getunicode(name) for name in bottle.request.query}
+    """The query string as ``{name: text}``. An empty value (``?until=``) is 400, as the
+    document says (no parameter allows the empty string): it is not the same as leaving the
+    parameter out, and guessing which the client meant would hide its bug."""
+    params = {name: bottle.request.query.getunicode(name) for name in bottle.request.query}
+    for name, value in params.items():
+        if not value:
+            raise InvalidRequestError('query parameter %s is empty' % name, field=name)
+    return params
 
 
 def _json_body(max_bytes):
@@ -296,9 +303,9 @@ def _reject_constant(name):
 
 def _wait_ms():
     raw = bottle.request.query.get('waitMs')
-    if raw is None or raw == '':
+    if raw is None:
         return 0
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_WAIT_MS:  # not '²' or '①'
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_WAIT_MS:  # not '', '²' or '①'
         raise InvalidRequestError(
             'waitMs must be a whole number 0..%d' % MAX_WAIT_MS, field='waitMs'
         )
@@ -348,9 +355,7 @@ def usage_query(params, now):
     since = admin_jobs.parse_time(params.get('since'), 'since') or until - datetime.timedelta(
         days=1
     )
-    if since >= until:
-        raise InvalidRequestError('since must be before until', field='since')
-    return since, until, group_by
+    return since, until, group_by  # since >= until: an empty range, no totals
 
 
 def create_request(principal, body, header_key):
@@ -496,7 +501,12 @@ class Api:
             runtime.config.max_waiters_per_user,
         )
         job_types = sorted(d.job_type for d in runtime.registry.get_all())
-        self.openapi = build_openapi(runtime.registry, push_paths(), push_schemas(job_types))
+        self.openapi = build_openapi(
+            runtime.registry,
+            push_paths(),
+            push_schemas(job_types),
+            prompt_versions=runtime.ai.prompt_versions,
+        )
         self.push = WebhookEndpoints(runtime)
 
     # -- auth

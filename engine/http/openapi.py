@@ -2,13 +2,16 @@
 error code. The test client validates every response the suite sees against it, so it cannot
 drift from what the API really answers."""
 
+import re
+
 from ..core.errors import public_error_codes
 from ..core.lifecycle import LEGACY_STATUS_TO_LIFECYCLE, Status
-from ..core.registry import QUEUE_NAMES
+from ..core.registry import QUEUE_NAMES, first_error
 from ..execution.credentials import MAX_KEY_CHARS, PROVIDER_PATTERN
-from .params import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from .params import CURSOR_PATTERN, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 
 STATUSES = [status.value for status in Status]
+STATUS_NAMES = STATUSES + list(LEGACY_STATUS_TO_LIFECYCLE)
 TIME = {'type': 'string', 'format': 'date-time'}
 NULLABLE_TIME = {'type': ['string', 'null'], 'format': 'date-time'}
 USER_KEY_MODE = 'user_deepseek_key'
@@ -66,17 +69,23 @@ def _job_id_param():
     return {'name': 'jobId', 'in': 'path', 'required': True, 'schema': {'type': 'string'}}
 
 
+def _list_pattern(names):
+    """A pattern for a comma-separated list of ``names``, nothing else between the commas."""
+    one = '(%s)' % '|'.join(re.escape(name) for name in names)
+    return '^%s(,%s)*$' % (one, one)
+
+
 def _query_param(name, description, schema=None):
     return {
         'name': name,
         'in': 'query',
         'required': False,
         'description': description,
-        'schema': schema or {'type': 'string'},
+        'schema': schema or {'type': 'string', 'minLength': 1},  # an empty value is 400
     }
 
 
-def _schemas(definitions):
+def _schemas(definitions, prompt_versions):
     job_status = {
         'type': 'object',
         'additionalProperties': False,
@@ -143,7 +152,7 @@ def _schemas(definitions):
             'required': ['artifactType', 'artifactId'],
             'properties': {'artifactType': {'type': 'string'}, 'artifactId': {'type': 'string'}},
         },
-        'CreateJobRequest': _create_job_request(definitions),
+        'CreateJobRequest': _create_job_request(definitions, prompt_versions),
         'ArtifactList': {
             'type': 'object',
             'additionalProperties': False,
@@ -266,24 +275,28 @@ def _schemas(definitions):
     }
 
 
-def _create_job_request(definitions):
+def _create_job_request(definitions, prompt_versions):
     """One schema per job type (``oneOf`` on ``jobType``): its input schema and the credential
     modes it allows are part of the contract, so a body the document allows is one the server
     accepts. Optional fields may be null (the same as absent)."""
     return {
-        'oneOf': [_create_one(d) for d in definitions],
+        'oneOf': [_create_one(d, prompt_versions(d)) for d in definitions],
         'description': 'Idempotency: idempotencyKey or the Idempotency-Key header; when both are '
         'given they must be equal.',
     }
 
 
-def _create_one(definition):
+def _create_one(definition, prompt_versions):
     text = {'type': 'string', 'pattern': NOT_BLANK}
     nullable = lambda schema: dict(schema, type=[schema['type'], 'null'])  # noqa: E731
+    required = ['jobType', 'targetType', 'targetId']
+    schema = definition.input.schema
+    if schema is not None and first_error(schema, {}) is not None:
+        required.append('input')  # the default {} would not do
     return {
         'type': 'object',
         'additionalProperties': False,
-        'required': ['jobType', 'targetType', 'targetId'],
+        'required': required,
         'properties': {
             'jobType': {'const': definition.job_type},
             'targetType': dict(text, maxLength=64),
@@ -302,12 +315,12 @@ def _create_one(definition):
                 'GET /api/ai/webhooks/job-secret; https, public addresses only '
                 '(WEBHOOK_URL_REFUSED otherwise).',
             },
-            'overrides': _overrides(definition, text, nullable),
+            'overrides': _overrides(definition, prompt_versions, text, nullable),
         },
     }
 
 
-def _overrides(definition, text, nullable):
+def _overrides(definition, prompt_versions, text, nullable):
     """What a job may override; ``credentialId`` names a stored key, and only with the
     user-key mode (which the job type must allow)."""
     modes = list(definition.credential.allowed_modes)
@@ -318,7 +331,9 @@ def _overrides(definition, text, nullable):
             'priority': {'type': ['integer', 'null'], 'minimum': 0, 'maximum': 100},
             'credentialMode': {'enum': modes + [None]},
             'credentialId': {'type': 'null'},
-            'promptVersion': nullable(dict(text, maxLength=32)),
+            'promptVersion': nullable(dict(text, maxLength=32))
+            if prompt_versions is None
+            else {'enum': prompt_versions + [None]},
             'outputSchemaVersion': nullable(dict(text, maxLength=32)),
         },
     }
@@ -439,17 +454,23 @@ def _admin_paths():
                         'Comma-separated statuses: %s; legacy names %s '
                         'are accepted.'
                         % (', '.join(STATUSES), ', '.join(LEGACY_STATUS_TO_LIFECYCLE)),
+                        {'type': 'string', 'pattern': _list_pattern(STATUS_NAMES)},
                     ),
                     _query_param('queueName', 'Only this queue.', {'enum': list(QUEUE_NAMES)}),
                     _query_param('userId', 'Only this user.'),
-                    _query_param('createdFrom', 'Created at or after (ISO-8601).', TIME),
-                    _query_param('createdTo', 'Created before (ISO-8601).', TIME),
+                    _query_param('createdFrom', 'Created at or after (RFC 3339).', TIME),
+                    _query_param('createdTo', 'Created before (RFC 3339).', TIME),
                     _query_param(
                         'limit',
                         'Page size (default %d).' % DEFAULT_PAGE_SIZE,
                         {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE_SIZE},
                     ),
-                    _query_param('cursor', 'The nextCursor of the previous page.'),
+                    _query_param(
+                        'cursor',
+                        "The nextCursor of the previous page: MICROS.JOB_ID, the last job's "
+                        'createdAt in microseconds since 1970 (UTC) and its id.',
+                        {'type': 'string', 'pattern': CURSOR_PATTERN},
+                    ),
                 ],
                 'responses': dict(
                     {'200': _json('One page.', _ref('AdminJobList'))}, **_errors(400, 401, 403, 503)
@@ -515,9 +536,12 @@ def _credential_and_usage_paths():
                 'summary': 'Provider usage totals per user or per job type (SUPER_ADMIN).',
                 'parameters': [
                     _query_param(
-                        'since', 'From (inclusive, ISO-8601); default until minus 24 h.', TIME
+                        'since',
+                        'From (inclusive, RFC 3339); default until minus 24 h. Not before until: '
+                        'an empty range (no totals).',
+                        TIME,
                     ),
-                    _query_param('until', 'To (exclusive, ISO-8601); default now.', TIME),
+                    _query_param('until', 'To (exclusive, RFC 3339); default now.', TIME),
                     _query_param(
                         'groupBy', 'user (default) or jobType.', {'enum': ['user', 'jobType']}
                     ),
@@ -567,7 +591,9 @@ def _operations_paths():
     }
 
 
-def build_openapi(registry, extra_paths=None, extra_schemas=None):
+def build_openapi(registry, extra_paths=None, extra_schemas=None, prompt_versions=None):
+    """The document for ``registry``'s API-creatable job types; ``prompt_versions(definition)``
+    (None: any) lists the promptVersion values each may name on this server."""
     definitions = sorted(
         (d for d in registry.get_all() if d.api_creatable), key=lambda d: d.job_type
     )
@@ -580,7 +606,7 @@ def build_openapi(registry, extra_paths=None, extra_schemas=None):
         extra_paths or {},
     ):
         paths.update(part)
-    schemas = _schemas(definitions)
+    schemas = _schemas(definitions, prompt_versions or (lambda definition: None))
     schemas.update(extra_schemas or {})
     return {
         'openapi': '3.1.0',
