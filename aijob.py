@@ -1,6 +1,7 @@
 """aijob: the one entry point — the CLI (``python aijob.py COMMAND``) and ``app`` for gunicorn
 (``gunicorn aijob:app``). ``app`` is built on first access, so importing this module opens no
-database."""
+database; each command imports what it needs, so the HTTP client commands (``submit``,
+``jobs``) start without loading the engine."""
 
 import argparse
 import sys
@@ -8,10 +9,11 @@ import sys
 from engine.core.config import Config, describe
 from engine.core.errors import AiJobError
 from engine.core.store import OperationalError
-from engine.runtime import Runtime
 
 
 def cmd_initdb(config, args):
+    from engine.runtime import Runtime
+
     runtime = Runtime(config)
     runtime.create_schema()
     print('schema ready on %s' % runtime.store.dialect)
@@ -22,9 +24,10 @@ def cmd_config(config, args):
 
 
 def cmd_worker(config, args):
+    from engine.http.metrics_view import start_metrics_server
     from engine.runtime import run_worker_process
 
-    return run_worker_process(config)
+    return run_worker_process(config, start_metrics=start_metrics_server)
 
 
 def cmd_bench(config, args):
@@ -59,6 +62,7 @@ def bench_args(parser):
 
 def cmd_token(config, args):
     from engine.http.auth import TokenStore
+    from engine.runtime import Runtime
 
     runtime = Runtime(config)
     try:
@@ -122,6 +126,30 @@ def serve_args(parser):
     parser.add_argument('--port', type=int, help='port (default AIJOB_PORT, 8000)')
 
 
+def cmd_submit(config, args):
+    from engine.client import run
+
+    return run('submit', args, config.port)
+
+
+def cmd_jobs(config, args):
+    from engine.client import run
+
+    return run('jobs', args, config.port)
+
+
+def submit_args(parser):
+    from engine.client import submit_args as add
+
+    add(parser)
+
+
+def jobs_args(parser):
+    from engine.client import jobs_args as add
+
+    add(parser)
+
+
 COMMANDS = {
     # name: (function, help, add_arguments or None)
     'initdb': (cmd_initdb, 'create the schema if missing (safe to run twice)', None),
@@ -142,6 +170,12 @@ COMMANDS = {
         'everything in one process for development: API, dispatcher, workers',
         serve_args,
     ),
+    'submit': (
+        cmd_submit,
+        'create a job on a running server; --wait follows it with a progress bar',
+        submit_args,
+    ),
+    'jobs': (cmd_jobs, 'list recent jobs of a running server as a table', jobs_args),
     'bench': (
         cmd_bench,
         'create N synthetic jobs, run them with one worker process, print figures',
@@ -184,6 +218,7 @@ def __getattr__(name):
     if _app is None:
         from engine.core.logs import configure as configure_logging
         from engine.http.app import create_app
+        from engine.runtime import Runtime
 
         configure_logging()
         _app = create_app(Runtime(Config.from_env(), role='web'))

@@ -44,7 +44,8 @@ CREATE TABLE IF NOT EXISTS `ai_job` (
   KEY `ai_job_job_type_created_at` (`job_type`, `created_at`),
   KEY `ai_job_queue_name_created_at` (`queue_name`, `created_at`),
   KEY `ai_job_created_at` (`created_at`),
-  KEY `ai_job_retry_of_job_id` (`retry_of_job_id`)
+  KEY `ai_job_retry_of_job_id` (`retry_of_job_id`),
+  KEY `ai_job_finished_at` (`finished_at`)          -- the operators' throughput, bulk retry
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
 CREATE TABLE IF NOT EXISTS `ai_job_snapshot` (
@@ -195,4 +196,26 @@ CREATE TABLE IF NOT EXISTS `webhook_delivery` (
   KEY `webhook_delivery_status_next_attempt_at` (`status`, `next_attempt_at`),
   KEY `webhook_delivery_endpoint_id` (`endpoint_id`),
   KEY `webhook_delivery_job_id` (`job_id`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- Dashboard sign-ins: the SHA-256 of the session id only; the id itself is the HttpOnly cookie.
+CREATE TABLE IF NOT EXISTS `dashboard_session` (
+  `session_hash` VARCHAR(64) NOT NULL,
+  `token_hash` VARCHAR(64) NOT NULL,            -- the admin token it was opened with (api_token)
+  `user_id` VARCHAR(64) NOT NULL,
+  `created_at` DATETIME(6) NOT NULL,
+  `expires_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`session_hash`),
+  KEY `dashboard_session_expires_at` (`expires_at`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- One row per named lease (architecture decision 12): the `housekeeping` lease's holder runs the
+-- reaper, reconciler, outbox polling, webhook fan-out and purge. Taken and renewed by CAS on the
+-- database clock; released on a clean shutdown.
+CREATE TABLE IF NOT EXISTS `leader_lease` (
+  `name` VARCHAR(64) NOT NULL,
+  `holder` VARCHAR(128) NOT NULL,               -- the holding process's instance id
+  `acquired_at` DATETIME(6) NOT NULL,           -- when this holder took it
+  `expires_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`name`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;

@@ -88,7 +88,12 @@ class Runtime:
             lock_ttl_ms=config.outbox_lock_ttl_ms,
             store_connection=self.store.connection,
         )
-        self.reaper = Reaper(self.lifecycle, self.queue, reap_after_ms=config.reap_after_ms)
+        self.reaper = Reaper(
+            self.lifecycle,
+            self.queue,
+            reap_after_ms=config.reap_after_ms,
+            repush_after_ms=config.reconcile_after_ms,
+        )
         self.reconciler = Reconciler(self.lifecycle, self.queue, after_ms=config.reconcile_after_ms)
         self.purger = Purger(self.service, self.outbox, config.outbox_retention_ms)
         self.service.cancel_signal = self._signal_cancel
@@ -164,8 +169,10 @@ class Runtime:
         self.store.close()
 
 
-def run_worker_process(config):
-    """``python aijob.py worker``: needs Redis, since an in-memory queue cannot cross processes."""
+def run_worker_process(config, start_metrics=None):
+    """``python aijob.py worker``: needs Redis, since an in-memory queue cannot cross processes.
+    ``start_metrics(runtime)``, from the CLI, serves AIJOB_METRICS_PORT (an object with
+    ``close()``, or None)."""
     if not config.uses_redis:
         raise ConfigError(
             'the worker needs AIJOB_REDIS_URL: the in-memory queue cannot cross '
@@ -173,9 +180,16 @@ def run_worker_process(config):
         )
     configure_logging()
     runtime = Runtime(config, role='worker')
-    runtime.queue.ping()
     runtime.store.ping()
+    try:
+        runtime.queue.ping()
+    except QueueUnavailableError as exc:
+        # Redis down or failing over at start: the loops retry until it answers.
+        log_event('queue.unavailable', logging.WARNING, component='worker', error=str(exc))
+    metrics_server = start_metrics(runtime) if start_metrics is not None else None
     runtime.attach_worker().run_until_signalled()
     runtime.stop_background()  # the ordered stop, within AIJOB_SHUTDOWN_GRACE_MS
+    if metrics_server is not None:
+        metrics_server.close()
     runtime.close()
     return 0

@@ -8,4 +8,6 @@ pytest_plugins = (
     'tests.support.runtimes',
     'tests.support.api',
     'tests.support.fake_openai',
+    'tests.support.receiver',
+    'tests.support.dashboard',
 )

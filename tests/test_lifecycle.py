@@ -14,7 +14,7 @@ from engine.core.errors import (
     ProviderError,
 )
 from engine.core.lifecycle import ExpiredLockFence, Fence
-from engine.core.models import AiJob
+from engine.core.models import AiJob, AiJobEvent
 from tests.support.helpers import create_job, row, run_threads
 
 STATES = ('queued', 'running', 'succeeded', 'failed', 'cancelled')
@@ -226,3 +226,60 @@ def test_progress_never_goes_back_within_a_job(runtime):
     assert repo.get(job.id).progress == 20
     repo.set_progress(job.id, Fence('worker-2', taken.attempt_no), 60)
     assert repo.get(job.id).progress == 60
+
+
+def test_lock_jobs_locks_a_batch_in_one_statement_and_returns_only_what_it_locked(runtime):
+    repo = runtime.lifecycle
+    free = [create_job(runtime) for _ in range(3)]
+    taken = create_job(runtime)
+    repo.lock_job(taken.id, 'worker-2')  # a live lock of another worker
+    done = job_in_state(runtime, 'succeeded')
+    ids = [free[0].id, taken.id, free[1].id, done.id, free[2].id, 'no-such-job', free[0].id]
+    before = runtime.store.statement_count()
+    locked = repo.lock_jobs(ids, 'worker-1')
+    # BEGIN, the UPDATE, one read (SQLite: RETURNING, then the snapshots), one INSERT of the
+    # three history rows, COMMIT
+    assert runtime.store.statement_count() - before == 5
+    started = AiJobEvent.select().where(
+        AiJobEvent.job_id.in_([j.id for j in free]) & (AiJobEvent.kind == 'started')
+    )
+    assert sorted((e.job_id, e.kind, e.attempt_no) for e in started) == sorted(
+        (j.id, 'started', 1) for j in free
+    )
+    assert [job.id for job, _ in locked] == [j.id for j in free]
+    for job, snapshot in locked:
+        assert (job.lifecycle_status, job.locked_by, job.attempt_no) == ('running', 'worker-1', 1)
+        assert snapshot['input'] == {}
+        assert repo.get(job.id).lifecycle_status == 'running'
+    assert repo.get(taken.id).locked_by == 'worker-2'
+    assert repo.lock_jobs([j.id for j in free], 'worker-1') == []  # live locks, its own too
+
+
+def test_lock_jobs_tells_its_own_rows_from_locks_the_same_worker_held_before(runtime):
+    """A job this worker locked earlier (still running, its lock live) is not taken again by a
+    later batch of the same worker: only the rows this batch changed come back, with the new
+    attempt as the fence."""
+    repo = runtime.lifecycle
+    held = create_job(runtime)
+    repo.lock_job(held.id, 'worker-1')
+    expired = create_job(runtime)
+    repo.lock_job(expired.id, 'worker-1', lock_ttl_ms=1)
+    fresh = create_job(runtime)
+    time.sleep(0.02)
+    locked = repo.lock_jobs([held.id, expired.id, fresh.id], 'worker-1')
+    assert [(job.id, job.attempt_no) for job, _ in locked] == [(expired.id, 2), (fresh.id, 1)]
+    assert repo.get(held.id).attempt_no == 1
+
+
+def test_lock_jobs_racing_workers_lock_each_job_once(runtime):
+    ids = [create_job(runtime).id for _ in range(20)]
+
+    def lock(i):
+        return [job.id for job, _ in runtime.lifecycle.lock_jobs(ids, 'w%d' % i)]
+
+    results, errors = run_threads(4, lock, runtime.store)
+    assert errors == [None] * 4
+    everything = [job_id for locked in results for job_id in locked]
+    assert sorted(everything) == sorted(ids)
+    for i, locked in enumerate(results):
+        assert all(runtime.lifecycle.get(job_id).locked_by == 'w%d' % i for job_id in locked)

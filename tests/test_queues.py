@@ -242,3 +242,37 @@ def test_going_from_one_shard_to_four_drains_the_unsharded_lists(sharded):
     for job_id in ids:
         before.push(message(job_id))
     assert sorted(d.message.job_id for d in drain(after)) == sorted(ids)
+
+
+def test_pop_many_takes_up_to_its_limit_most_urgent_first_and_ack_many_forgets_them(queue):
+    for job_id, priority in [('low', 90), ('n1', 50), ('high', 0), ('n2', 50), ('n3', 50)]:
+        queue.push(message(job_id, priority))
+    first = queue.pop_many('ai-interactive', 'c1', 3, timeout_s=0.1)
+    assert [d.message.job_id for d in first] == ['high', 'n1', 'n2']
+    assert queue.in_flight('ai-interactive') == 3 and queue.depth('ai-interactive') == 2
+    queue.ack_many(first)
+    assert queue.in_flight('ai-interactive') == 0
+    assert not any(queue.has_entry(message(j)) for j in ('high', 'n1', 'n2'))
+    assert queue.has_entry(message('n3'))
+    rest = queue.pop_many('ai-interactive', 'c1', 10, timeout_s=0.1)
+    assert [d.message.job_id for d in rest] == ['n3', 'low']
+    assert queue.pop_many('ai-interactive', 'c1', 10, timeout_s=0.05) == []
+
+
+def test_pop_many_waits_for_a_push(queue):
+    threading.Timer(0.2, lambda: queue.push(message('late'))).start()
+    deliveries = queue.pop_many('ai-interactive', 'c1', 5, timeout_s=10)
+    assert [d.message.job_id for d in deliveries] == ['late']
+
+
+def test_pop_many_sweeps_every_shard_and_ack_many_acks_each_in_its_own(sharded):
+    q = sharded(4)
+    ids = ['job-%d' % i for i in range(12)]
+    for job_id in ids:
+        q.push(message(job_id))
+    assert len({q.tag_of(message(j)) for j in ids}) > 1
+    taken = q.pop_many('ai-interactive', 'c1', 12, timeout_s=0.1)
+    assert sorted(d.message.job_id for d in taken) == sorted(ids)
+    q.ack_many(taken)
+    assert q.in_flight('ai-interactive') == 0 and q.depth('ai-interactive') == 0
+    assert not any(q.has_entry(message(j)) for j in ids)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
+from .redis_url import parse_redis_url
 
 
 # ---------------------------------------------------------------- value parsers
@@ -32,10 +33,15 @@ def database_url(value):
 def redis_url(value):
     if value == '':
         return None
-    parts = urlsplit(value)
-    if parts.scheme in ('redis', 'rediss', 'unix') and (parts.hostname or parts.path):
-        return value
-    raise ValueError('expected redis://HOST:PORT/DB, or empty for the in-memory queue')
+    try:
+        parse_redis_url(value)
+    except ValueError as exc:
+        raise ValueError(
+            '%s; expected redis://HOST:PORT/DB, redis+cluster://HOST:PORT[,HOST:PORT...], '
+            'redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB], or empty for the '
+            'in-memory queue' % exc
+        ) from None
+    return value
 
 
 def positive_int(value):
@@ -80,6 +86,12 @@ def port_number(value):
     if not 1 <= number <= 65535:
         raise ValueError('expected a TCP port, 1-65535')
     return number
+
+
+def port_or_empty(value):
+    if value == '':
+        return None
+    return port_number(value)
 
 
 def module_list(value):
@@ -180,8 +192,10 @@ SETTINGS = (
         'AIJOB_REDIS_URL',
         '',
         redis_url,
-        'Redis for the queues (redis://HOST:PORT/DB). Unset: the in-memory queue, one process '
-        'only.',
+        'Redis for the queues: redis://HOST:PORT/DB or rediss:// (one server), '
+        'redis+cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster), '
+        'redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB] (the master the '
+        'sentinels name). Unset: the in-memory queue, one process only.',
         secret=True,
     ),
     Setting(
@@ -290,6 +304,14 @@ SETTINGS = (
         'Worker threads for the ai-background queue.',
     ),
     Setting(
+        'AIJOB_CLAIM_AHEAD_MS',
+        '20',
+        non_negative_int,
+        'How much work a worker thread takes at once: it pops and locks as many jobs as it '
+        'expects to finish in this many milliseconds (from the time jobs took so far; at least '
+        'one, at most 50), and commits their results together. 0: one job at a time.',
+    ),
+    Setting(
         'AIJOB_SHUTDOWN_GRACE_MS',
         '30000',
         positive_int,
@@ -304,6 +326,26 @@ SETTINGS = (
         '4',
         positive_int,
         'gunicorn worker processes of `web` when --workers is not given.',
+    ),
+    Setting(
+        'AIJOB_METRICS_TOKEN',
+        '',
+        secret_or_empty,
+        'A bearer token that may read GET /metrics (besides admin tokens), for a Prometheus '
+        'scrape config. Unset: only admin tokens may.',
+        secret=True,
+    ),
+    Setting(
+        'AIJOB_METRICS_PORT',
+        '',
+        port_or_empty,
+        '`worker` serves GET /metrics on this port (same tokens as the API). Unset: no port.',
+    ),
+    Setting(
+        'AIJOB_METRICS_HOST',
+        '0.0.0.0',
+        non_empty_text,
+        "Address the worker's AIJOB_METRICS_PORT listens on.",
     ),
     Setting(
         'AIJOB_MAX_ACTIVE_JOBS_PER_USER',
@@ -351,6 +393,13 @@ SETTINGS = (
         'Most ?waitMs= requests of one user that one web process holds at once '
         '(429 TOO_MANY_WAITERS beyond).',
     ),
+    Setting(
+        'AIJOB_DASHBOARD_SESSION_MS',
+        '28800000',
+        positive_int,
+        'How long a dashboard sign-in lasts (from sign-in, by the database clock); then the '
+        'operator signs in again with an admin token.',
+    ),
     # ---- push: webhooks and event streams (architecture decision 15)
     Setting(
         'AIJOB_WEBHOOK_ALLOW_HTTP',
@@ -396,6 +445,25 @@ SETTINGS = (
         positive_int,
         'Longest a GET /api/ai/jobs/{id}/stream stays open; the client reconnects with '
         'Last-Event-ID.',
+    ),
+    Setting(
+        'AIJOB_STREAM_HEARTBEAT_MS',
+        '15000',
+        positive_int,
+        'An idle job event stream gets a comment line this often, so proxies keep it open.',
+    ),
+    Setting(
+        'AIJOB_MAX_STREAMS',
+        '1000',
+        positive_int,
+        'Most job event streams one web process holds at once (429 TOO_MANY_STREAMS beyond).',
+    ),
+    Setting(
+        'AIJOB_MAX_STREAMS_PER_USER',
+        '20',
+        positive_int,
+        'Most job event streams of one user that one web process holds at once '
+        '(429 TOO_MANY_STREAMS beyond).',
     ),
     # ---- AI providers, credentials, safety and pricing
     Setting(

@@ -229,6 +229,14 @@ class ForbiddenError(HttpError):
     public_message = 'This endpoint is for SUPER_ADMIN only.'
 
 
+class CsrfError(HttpError):
+    """A dashboard action without its session's CSRF token, or posted from another origin."""
+
+    code = 'CSRF_TOKEN_INVALID'
+    http_status = 403
+    public_message = 'The form is stale or came from another site; reload the page and retry.'
+
+
 class NoSuchEndpointError(HttpError):
     code = 'NOT_FOUND'
     http_status = 404
@@ -295,6 +303,13 @@ class TooManyWaitersError(HttpError):
     http_status = 429
     retry_after_s = 1
     public_message = 'Too many requests are waiting for a change (waitMs); retry later.'
+
+
+class TooManyStreamsError(HttpError):
+    code = 'TOO_MANY_STREAMS'
+    http_status = 429
+    retry_after_s = 5
+    public_message = 'Too many job event streams are open; close one or retry later.'
 
 
 # What gunicorn itself refuses before the app sees a request (its own answers are made JSON too).

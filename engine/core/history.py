@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .models import AiJobEvent
-from .sql import statement
+from .sql import insert_row, rows_together
 
 # The kinds of event, in the order a job's life usually runs through them.
 CREATED = 'created'
@@ -19,28 +19,32 @@ DISPATCHED = 'dispatched'  # claimed for a push to its queue, the push following
 STARTED = 'started'  # the first lock: attempt 1, queued → running
 TAKEN_OVER = 'taken_over'  # a later lock of a running job whose lock expired or was handed back
 RETRY_SCHEDULED = 'retry_scheduled'
+WORKER_LOST = 'worker_lost'  # the reaper found the lock expired and handed the job on
 PROGRESS = 'progress'  # a milestone: at most one per 10 points of progress and attempt
 CANCEL_REQUESTED = 'cancel_requested'
 SUCCEEDED = 'succeeded'
 FAILED = 'failed'
 CANCELLED = 'cancelled'
+RETRIED = 'retried'  # an admin made a new job from this finished one (its id in the detail)
 KINDS = (
     CREATED,
     DISPATCHED,
     STARTED,
     TAKEN_OVER,
     RETRY_SCHEDULED,
+    WORKER_LOST,
     PROGRESS,
     CANCEL_REQUESTED,
     SUCCEEDED,
     FAILED,
     CANCELLED,
+    RETRIED,
 )
+# Progress milestones are this many points apart.
+PROGRESS_STEP = 10
 
 # Detail keys only an admin sees: which process did it, and error text not meant for users.
 ADMIN_ONLY = frozenset(('worker', 'dispatcher', 'internalMessage'))
-# Rows per INSERT (a bound on one statement's size).
-INSERT_BATCH = 500
 _INSERT = 'INSERT INTO ai_job_event (job_id, kind, attempt_no, detail, created_at) VALUES '
 _ROW = '(%s, %s, %s, %s, {now})'
 
@@ -56,17 +60,21 @@ class NewEvent(NamedTuple):
 
 def insert_events(store, events):
     """Write ``events`` (NewEvent) inside the caller's transaction, stamped with the database
-    clock: one INSERT for up to INSERT_BATCH rows. Returns how many were written."""
+    clock: one INSERT for up to sql.ROWS_PER_INSERT rows (with the other rows of a group commit,
+    sql.rows_together). Returns how many were written."""
     events = list(events)
     assert not events or store.in_transaction(), 'events are written with their change'
     encode = AiJobEvent.detail.db_value
-    for start in range(0, len(events), INSERT_BATCH):
-        chunk = events[start : start + INSERT_BATCH]
-        params = []
-        for event in chunk:
-            params.extend((event.job_id, event.kind, event.attempt_no, encode(event.detail or {})))
-        store.execute(statement(_INSERT + ', '.join([_ROW] * len(chunk))), params)
+    rows = [(e.job_id, e.kind, e.attempt_no, encode(e.detail or {})) for e in events]
+    with rows_together():
+        for params in rows:
+            insert_row(_INSERT, _ROW, params)
     return len(events)
+
+
+def progress_milestone(percent):
+    """The milestone ``percent`` reaches: 0, 10, … 100."""
+    return percent - percent % PROGRESS_STEP
 
 
 @dataclass(frozen=True)

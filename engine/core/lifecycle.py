@@ -7,9 +7,11 @@ once to say why: an edge contracts §1.3 forbids raises ``IllegalTransitionError
 stale fence raises ``JobLockConflictError``.
 """
 
+import logging
 from dataclasses import dataclass
 from enum import Enum
 
+from . import history
 from .errors import (
     IllegalTransitionError,
     JobAlreadyCancelledError,
@@ -18,7 +20,9 @@ from .errors import (
     JobNotCancellableError,
     JobNotFoundError,
 )
-from .models import AiJob, AiJobSnapshot
+from .history import NewEvent, insert_events
+from .logs import log_event
+from .models import AiJob, AiJobEvent, AiJobSnapshot
 from .outbox import OutboxRepository
 from .sql import Statement, job_from_row, placeholders, statement
 
@@ -109,19 +113,33 @@ RUN_COLUMNS = (
     'retry_count',
     'max_retry_count',
     'locked_by',
+    'created_at',  # with started_at: the queue wait the metrics observe at the first lock
+    'started_at',
 )
 SELECT_JOB_AND_SNAPSHOT = Statement(
     'SELECT %s, s.content FROM ai_job j LEFT JOIN ai_job_snapshot s ON s.job_id = j.id '
     'WHERE j.id = %%s' % ', '.join('j.' + name for name in RUN_COLUMNS)
 )
-# {attempts_left} is filled per repository from its queues' attempt limits.
+# {attempts_left} is filled per repository from its queues' attempt limits, {ids} with ``id = %s``
+# or an IN list.
 LOCK_JOB = (
     "UPDATE ai_job SET lifecycle_status = 'running', locked_by = %s, locked_at = {now}, "
     'lock_until = {now_plus}, started_at = COALESCE(started_at, {now}), '
     'attempt_no = attempt_no + 1, updated_at = {now} '
-    "WHERE id = %s AND (lifecycle_status = 'queued' OR (lifecycle_status = 'running' "
+    "WHERE {ids} AND (lifecycle_status = 'queued' OR (lifecycle_status = 'running' "
     'AND lock_until < {now} AND cancel_requested_at IS NULL AND ({attempts_left})))'
 )
+# After a batch lock (MariaDB has no UPDATE … RETURNING): the rows of the batch this instance
+# holds, with their snapshots and lock times (lock_jobs tells this lock's rows by their time).
+_SELECT_LOCKED = (
+    'SELECT %s, j.locked_at, s.content FROM ai_job j '
+    'LEFT JOIN ai_job_snapshot s ON s.job_id = j.id '
+    "WHERE j.id IN (%%s) AND j.locked_by = %%%%s AND j.lifecycle_status = 'running'"
+    % ', '.join('j.' + name for name in RUN_COLUMNS)
+)
+_SELECT_SNAPSHOTS = 'SELECT job_id, content FROM ai_job_snapshot WHERE job_id IN (%s)'
+# Jobs one batch lock takes at most (a bound on its IN list).
+LOCK_BATCH = 100
 CANCELLED_VALUES = {'error_code': 'CANCELLED', 'public_error_message': 'The job was cancelled.'}
 # Held jobs per heartbeat statement (a bound on the statement's size and its IN list).
 EXTEND_BATCH = 500
@@ -150,6 +168,10 @@ class Fence:
         """The condition as plain SQL: (text, parameters)."""
         return 'locked_by = %s AND attempt_no = %s', (self.instance_id, self.attempt_no)
 
+    def actor(self):
+        """Who writes under this fence, for the history (``worker`` is admin-only detail)."""
+        return {'worker': self.instance_id}
+
 
 @dataclass(frozen=True)
 class ExpiredLockFence:
@@ -164,6 +186,9 @@ class ExpiredLockFence:
             self.attempt_no,
             store.ms_param(-self.expired_for_ms),
         )
+
+    def actor(self):
+        return {'by': 'reaper'}
 
 
 class AiJobLifecycleRepository:
@@ -180,9 +205,8 @@ class AiJobLifecycleRepository:
             "(queue_name = '%s' AND attempt_no < %d)" % (name, count)
             for name, count in sorted(self.queue_attempts.items())
         )
-        self._lock_statement = Statement(
-            LOCK_JOB.replace('{attempts_left}', attempts_left or 'FALSE')
-        )
+        self._lock_text = LOCK_JOB.replace('{attempts_left}', attempts_left or 'FALSE')
+        self._lock_statement = Statement(self._lock_text.replace('{ids}', 'id = %s'))
 
     # ------------------------------------------------------------ create
     def create_job(
@@ -250,12 +274,78 @@ class AiJobLifecycleRepository:
         """The engine's ``lock_job``: the CAS UPDATE, then one read of what running the job
         needs (RUN_COLUMNS) with its snapshot content (None if it has none)."""
         ttl = self.store.ms_param(lock_ttl_ms or self.lock_ttl_ms)
-        cursor = self.store.execute(self._lock_statement, (instance_id, ttl, job_id))
-        if cursor.rowcount != 1:
-            raise self._refusal(job_id, RUNNING)
-        row = self.store.execute(SELECT_JOB_AND_SNAPSHOT, (job_id,)).fetchone()
-        job = job_from_row(RUN_COLUMNS, row[:-1])
-        return job, AiJobSnapshot.content.python_value(row[-1])
+
+        def write(tx):
+            cursor = self.store.execute(self._lock_statement, (instance_id, ttl, job_id))
+            if cursor.rowcount != 1:
+                raise self._refusal(job_id, RUNNING)
+            row = self.store.execute(SELECT_JOB_AND_SNAPSHOT, (job_id,)).fetchone()
+            job = job_from_row(RUN_COLUMNS, row[:-1])
+            insert_events(self.store, [lock_event(job, instance_id)])
+            return job, AiJobSnapshot.content.python_value(row[-1])
+
+        return self._in_transaction(write)
+
+    def lock_jobs(self, job_ids, instance_id, lock_ttl_ms=None):
+        """``lock_job_with_snapshot`` for several jobs: one CAS UPDATE over all of them, their
+        rows and their history rows, in one transaction. Returns [(job, snapshot content)] for
+        the jobs this call locked, in ``job_ids``' order; the others (locked elsewhere,
+        finished, gone) are left out, as a refused ``lock_job`` would be. At most LOCK_BATCH
+        ids per call."""
+        ids = list(dict.fromkeys(job_ids))  # a duplicate message: one lock
+        assert len(ids) <= LOCK_BATCH, 'lock at most LOCK_BATCH jobs at once'
+        if not ids:
+            return []
+        ttl = self.store.ms_param(lock_ttl_ms or self.lock_ttl_ms)
+        marks = placeholders(len(ids))
+        update = self._lock_text.replace('{ids}', 'id IN (%s)' % marks)
+        params = [instance_id, ttl] + ids
+
+        def write(tx):  # the locks and their history rows (one INSERT for all) commit together
+            if self.store.dialect == 'sqlite':
+                locked = self._lock_returning(update, params, ids)
+            else:
+                locked = self._lock_then_read(update, params, ids, instance_id)
+            insert_events(self.store, [lock_event(job, instance_id) for job, _ in locked])
+            return locked
+
+        locked = self._in_transaction(write)
+        order = {job_id: i for i, job_id in enumerate(ids)}
+        return sorted(locked, key=lambda pair: order[pair[0].id])
+
+    def _lock_returning(self, update, params, ids):
+        """SQLite: the UPDATE returns exactly the rows it changed; their snapshots follow."""
+        returning = ' RETURNING ' + ', '.join(RUN_COLUMNS)
+        rows = self.store.execute(statement(update + returning), params).fetchall()
+        if not rows:
+            return []
+        locked_ids = [row[0] for row in rows]
+        content = AiJobSnapshot.content.python_value
+        snapshots = dict(
+            self.store.execute(
+                statement(_SELECT_SNAPSHOTS % placeholders(len(locked_ids))), locked_ids
+            ).fetchall()
+        )
+        return [(job_from_row(RUN_COLUMNS, row), content(snapshots.get(row[0]))) for row in rows]
+
+    def _lock_then_read(self, update, params, ids, instance_id):
+        """MariaDB/MySQL: the UPDATE, then one read of the batch's rows this instance holds,
+        joined with their snapshots. A row this instance held before (a lock it still has, or
+        handed back, from an earlier attempt) is told from this lock's by ``locked_at``: the
+        database clock is read once per statement, so this lock's rows share one time, later
+        than any earlier statement's."""
+        changed = self.store.execute(statement(update), params).rowcount
+        if changed == 0:
+            return []
+        select = statement(_SELECT_LOCKED % placeholders(len(ids)))
+        rows = self.store.execute(select, ids + [instance_id]).fetchall()
+        latest = max(row[-2] for row in rows)
+        rows = [row for row in rows if row[-2] == latest]
+        if len(rows) != changed:  # the clock went back: no row can be told for sure
+            log_event('job.batch_lock_unclear', logging.WARNING, locked=changed, matched=len(rows))
+            return []
+        content = AiJobSnapshot.content.python_value
+        return [(job_from_row(RUN_COLUMNS, row[:-2]), content(row[-1])) for row in rows]
 
     def extend_locks(self, job_ids, instance_id, lock_ttl_ms=None):
         """Heartbeat: push ``lock_until`` forward for every running job of ``job_ids`` that
@@ -291,22 +381,40 @@ class AiJobLifecycleRepository:
         running, and the next worker to pop it takes it over (architecture decision 4)."""
         self._fenced(job_id, fence, 'lock_until = {now}')
 
-    def set_progress(self, job_id, fence, progress):
+    def set_progress(self, job_id, fence, progress, milestone=False):
         """Record progress (0–100) of a running job; only its lock holder may. It never goes
-        back: a retried call or a takeover starts its own count again from 0."""
+        back: a retried call or a takeover starts its own count again from 0. ``milestone``:
+        the caller's attempt reached a new multiple of ten, which the history keeps."""
         progress = max(0, min(100, int(progress)))
         sets = 'progress = CASE WHEN progress < %s THEN %s ELSE progress END, updated_at = {now}'
-        self._fenced(job_id, fence, sets, (progress, progress))
+        if not milestone:
+            return self._fenced(job_id, fence, sets, (progress, progress))
+        event = NewEvent(job_id, history.PROGRESS, fence.attempt_no, {'progress': progress})
+        self._in_transaction(
+            lambda tx: self._fenced(job_id, fence, sets, (progress, progress), [event])
+        )
 
-    def count_retry(self, job_id, fence):
-        """The engine starts another attempt of the provider call (``retry_count`` + 1)."""
-        self._fenced(job_id, fence, 'retry_count = retry_count + 1')
+    def count_retry(self, job_id, fence, retry_no=None, error=None, backoff_ms=0):
+        """The engine schedules call ``retry_no`` + 1 of the provider after ``error`` (a
+        JobFailure), in ``backoff_ms``: ``retry_count`` + 1, and the history's
+        ``retry_scheduled`` row."""
+        detail = {'retryNo': retry_no, 'backoffMs': int(backoff_ms)}
+        if error is not None:
+            detail.update(errorCode=error.code, internalMessage=str(error)[:2000])
+        detail.update(fence.actor())
+        event = NewEvent(job_id, history.RETRY_SCHEDULED, fence.attempt_no, detail)
+        self._in_transaction(
+            lambda tx: self._fenced(job_id, fence, 'retry_count = retry_count + 1', (), [event])
+        )
 
-    def _fenced(self, job_id, fence, sets, set_params=()):
+    def _fenced(self, job_id, fence, sets, set_params=(), events=()):
+        """The fenced UPDATE, then ``events`` (in the caller's transaction)."""
         fence_sql, fence_params = fence.sql(self.store)
         update = _fenced_update(sets, fence_sql)
         if self.store.execute(update, set_params + (job_id,) + fence_params).rowcount != 1:
             raise JobLockConflictError(job_id, 'lock lost')
+        if events:
+            insert_events(self.store, events)
 
     # ------------------------------------------------------------ terminal states
     def mark_succeeded(self, job_id, *, fence, output_hash=None):
@@ -326,7 +434,12 @@ class AiJobLifecycleRepository:
             'public_error_message': (error.public_message or '')[:512],
             'internal_error_message': str(error)[:8000],
         }
-        self._finish(job_id, FAILED, fence, values)
+        detail = {
+            'errorCode': error.code,
+            'message': values['public_error_message'],
+            'internalMessage': str(error)[:2000],
+        }
+        self._finish(job_id, FAILED, fence, values, detail=detail)
 
     def mark_cancelled(self, job_id, *, fence=None):
         """Without a fence (the owner cancels): queued → cancelled at once, running → cancel
@@ -334,7 +447,12 @@ class AiJobLifecycleRepository:
         reaper): running → cancelled, once a cancel was requested."""
         if fence is not None:
             return self._finish(
-                job_id, CANCELLED, fence, CANCELLED_VALUES, 'cancel_requested_at IS NOT NULL'
+                job_id,
+                CANCELLED,
+                fence,
+                CANCELLED_VALUES,
+                'cancel_requested_at IS NOT NULL',
+                detail={'errorCode': 'CANCELLED'},
             )
         if self._in_transaction(lambda tx: self._cancel_queued(tx, job_id)):
             return self.get(job_id)
@@ -358,20 +476,32 @@ class AiJobLifecycleRepository:
         )
         if changed:
             self.outbox.create_terminal_event(tx, job_id, CANCELLED)
+            # Nothing ever locked a queued job: attempt 0.
+            insert_events(
+                self.store, [NewEvent(job_id, history.CANCELLED, 0, {'errorCode': 'CANCELLED'})]
+            )
         return bool(changed)
 
     def request_cancel(self, job_id):
         """Set ``cancel_requested_at`` on a running job (idempotent). Returns the job."""
-        changed = (
-            AiJob.update({AiJob.cancel_requested_at: self.store.now()})
-            .where(
-                (AiJob.id == job_id)
-                & (AiJob.lifecycle_status == RUNNING)
-                & AiJob.cancel_requested_at.is_null()
+
+        def write(tx):
+            changed = (
+                AiJob.update({AiJob.cancel_requested_at: self.store.now()})
+                .where(
+                    (AiJob.id == job_id)
+                    & (AiJob.lifecycle_status == RUNNING)
+                    & AiJob.cancel_requested_at.is_null()
+                )
+                .execute()
             )
-            .execute()
-        )
-        job = self.get(job_id)
+            job = self.get(job_id)
+            if changed:
+                event = NewEvent(job_id, history.CANCEL_REQUESTED, job.attempt_no, {})
+                insert_events(self.store, [event])
+            return changed, job
+
+        changed, job = self._in_transaction(write)
         if changed or (job.lifecycle_status == RUNNING and job.cancel_requested_at):
             return job
         raise self._refusal(job_id, CANCELLED, job)
@@ -438,13 +568,36 @@ class AiJobLifecycleRepository:
                 AiJob.id.in_(list(job_ids)) & (AiJob.lifecycle_status == QUEUED)
             ).execute()
 
+    def record_worker_lost(self, job):
+        """The reaper hands ``job`` (as it read it: expired lock) to another worker: its history
+        says so once per attempt, however many sweeps push it again before a worker takes it."""
+        detail = {'worker': job.locked_by, 'by': 'reaper'}
+        event = NewEvent(job.id, history.WORKER_LOST, job.attempt_no, detail)
+
+        def write(tx):
+            seen = (
+                AiJobEvent.select(AiJobEvent.id)
+                .where(
+                    (AiJobEvent.job_id == job.id)
+                    & (AiJobEvent.kind == history.WORKER_LOST)
+                    & (AiJobEvent.attempt_no == job.attempt_no)
+                )
+                .exists()
+            )
+            if not seen:
+                insert_events(self.store, [event])
+            return not seen
+
+        return self._in_transaction(write)
+
     def attempts_allowed(self, queue_name):
         return self.queue_attempts.get(queue_name, 1)
 
     # ------------------------------------------------------------ internals
-    def _finish(self, job_id, to_status, fence, values, extra_condition=None):
-        """The fenced running → terminal write; nothing is read back. Raises the refusal when
-        the CAS matched nothing."""
+    def _finish(self, job_id, to_status, fence, values, extra_condition=None, detail=None):
+        """The fenced running → terminal write with its outbox event and its history row
+        (``detail`` plus who wrote it); nothing is read back. Raises the refusal when the CAS
+        matched nothing."""
         fence_sql, fence_params = fence.sql(self.store)
         sets = ''.join('%s = %%s, ' % name for name in values)
         update = _fenced_update(
@@ -454,11 +607,13 @@ class AiJobLifecycleRepository:
             extra_condition,
         )
         params = (to_status,) + tuple(values.values()) + (job_id,) + fence_params
+        event = NewEvent(job_id, to_status, fence.attempt_no, {**(detail or {}), **fence.actor()})
 
         def write(tx):
             if self.store.execute(update, params).rowcount != 1:
                 raise self._refusal(job_id, to_status)
             self.outbox.create_terminal_event(tx, job_id, to_status)
+            insert_events(self.store, [event])
 
         self._in_transaction(write)
 
@@ -484,3 +639,10 @@ class AiJobLifecycleRepository:
         if to_status == SUCCEEDED and job.cancel_requested_at is not None:
             return JobCancelledError('cancel requested before the result was committed')
         return JobLockConflictError(job_id)
+
+
+def lock_event(job, instance_id):
+    """The history row of a lock: ``started`` for the first attempt, ``taken_over`` for a later
+    one (the previous holder died, stalled or handed the job back)."""
+    kind = history.STARTED if job.attempt_no == 1 else history.TAKEN_OVER
+    return NewEvent(job.id, kind, job.attempt_no, {'worker': instance_id})

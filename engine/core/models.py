@@ -136,6 +136,7 @@ class AiJob(BaseModel):
             (('queue_name', 'created_at'), False),  # admin filter
             (('created_at',), False),  # admin range
             (('retry_of_job_id',), False),
+            (('finished_at',), False),  # the operators' throughput, bulk retry since T
         )
 
 
@@ -285,6 +286,22 @@ class AiJobEvent(BaseModel):
         indexes = ((('job_id', 'id'), False),)
 
 
+class DashboardSession(BaseModel):
+    """A signed-in dashboard session, stored as the SHA-256 of its id only (the id lives in the
+    operator's HttpOnly cookie). It remembers the admin token it was opened with, so revoking
+    that token ends the session too."""
+
+    session_hash = CharField(max_length=64, primary_key=True)
+    token_hash = CharField(max_length=64)
+    user_id = CharField(max_length=64)
+    created_at = Timestamp()
+    expires_at = Timestamp()
+
+    class Meta:
+        table_name = 'dashboard_session'
+        indexes = ((('expires_at',), False),)  # the purge of expired sessions
+
+
 class WebhookEndpoint(BaseModel):
     """Where a user's terminal job events are pushed (architecture decision 15). A row with
     ``job_id`` is the ``webhookUrl`` of that one job. No secret is kept: an endpoint's signing
@@ -336,6 +353,20 @@ class WebhookDelivery(BaseModel):
         )
 
 
+class LeaderLease(BaseModel):
+    """Who holds a named lease (``housekeeping``: the reaper, reconciler, outbox polling and
+    purge run on its holder) and until when, by the database clock (architecture decision 12).
+    Taken and renewed by compare-and-set (engine/core/leases.py)."""
+
+    name = CharField(max_length=64, primary_key=True)
+    holder = CharField(max_length=128)  # the holding process's instance id
+    acquired_at = Timestamp()  # when this holder took it (kept across renewals)
+    expires_at = Timestamp()
+
+    class Meta:
+        table_name = 'leader_lease'
+
+
 MODELS = (
     AiJob,
     AiJobSnapshot,
@@ -348,6 +379,8 @@ MODELS = (
     AiJobEvent,
     WebhookEndpoint,
     WebhookDelivery,
+    LeaderLease,
+    DashboardSession,
 )
 
 

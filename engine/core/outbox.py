@@ -1,8 +1,9 @@
 """OutboxRepository (contracts §4): events written in the same transaction as the job, then claimed
 by compare-and-set before they are pushed to a queue, so a push happens once per claim."""
 
+from .history import DISPATCHED, NewEvent, insert_events
 from .models import OutboxEvent
-from .sql import Statement, placeholders, statement
+from .sql import Statement, insert_row, placeholders, statement
 from .store import IntegrityError
 
 ENQUEUE_EVENT = 'ai.job.enqueue'
@@ -55,6 +56,12 @@ class ClaimStatements:
         self.any_due = Statement('SELECT id FROM outbox_event WHERE ' + due + ' LIMIT 1')
 
 
+# A terminal event, written with the transition (sql.insert_row: with the others of a group).
+TERMINAL_INSERT = (
+    'INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload, '
+    'status, attempt_count, available_at, locked_by, locked_at, created_at, updated_at) VALUES '
+)
+TERMINAL_ROW = "(%s, %s, %s, %s, %s, 'pending', 0, {now}, NULL, NULL, {now}, {now})"
 INSERT_PENDING = Statement(_INSERT.format(values="'pending'", claim='NULL, NULL'))
 INSERT_CLAIMED = Statement(_INSERT.format(values="'processing'", claim='%s, {now}'))
 
@@ -108,16 +115,12 @@ class OutboxRepository:
     def create_terminal_event(self, tx, job_id, status):
         """The ``ai.job.<status>`` event of a job that just became terminal, in the transaction
         that made it so: a rolled-back attempt leaves none, and the dedupe key (one per job and
-        event) makes a job that commits once have exactly one."""
+        event) makes a job that commits once have exactly one (a second insert is ignored)."""
         event_type = TERMINAL_EVENTS[status]
-        return self.create_in_transaction(
-            tx,
-            event_type=event_type,
-            aggregate_type='AiJob',
-            aggregate_id=job_id,
-            dedupe_key='%s:%s' % (event_type, job_id),
-            payload={'jobId': job_id, 'lifecycleStatus': status},
-        )
+        payload = OutboxEvent.payload.db_value({'jobId': job_id, 'lifecycleStatus': status})
+        dedupe_key = '%s:%s' % (event_type, job_id)
+        params = (event_type, 'AiJob', job_id, dedupe_key, payload)
+        insert_row(TERMINAL_INSERT, TERMINAL_ROW, params, ignore_duplicate=True)
 
     def claim_batch(self, claimer, limit=100, statements=ENQUEUE_CLAIM):
         """CAS up to ``limit`` due pending events → processing for ``claimer`` in one statement,
@@ -126,8 +129,34 @@ class OutboxRepository:
         ``statements`` chooses the event types (ENQUEUE_CLAIM or TERMINAL_CLAIM)."""
         if self.store.execute(statements.any_due).fetchone() is None:
             return []  # the usual idle poll: a read, not a write (and a commit) of nothing
-        if self.store.execute(statements.claim, (claimer, limit)).rowcount == 0:
-            return []
+        with self.store.atomic():
+            if self.store.execute(statements.claim, (claimer, limit)).rowcount == 0:
+                return []
+            events = self._read_claimed(claimer)
+            if statements is ENQUEUE_CLAIM:  # each queued job's history: claimed for a push
+                insert_events(self.store, self._dispatch_events(events, claimer))
+        return events
+
+    def _dispatch_events(self, events, claimer):
+        """The ``dispatched`` history rows of a claim's enqueue events whose job is still queued
+        (an event claimed again after its job started pushes a message the lock refuses)."""
+        rows = dispatch_events(events, claimer)
+        if not rows:
+            return rows
+        ids = [row.job_id for row in rows]
+        queued = {
+            job_id
+            for (job_id,) in self.store.execute(
+                statement(
+                    "SELECT id FROM ai_job WHERE id IN (%s) AND lifecycle_status = 'queued'"
+                    % placeholders(len(ids))
+                ),
+                ids,
+            ).fetchall()
+        }
+        return [row for row in rows if row.job_id in queued]
+
+    def _read_claimed(self, claimer):
         rows = self.store.execute(SELECT_CLAIMED, (claimer,)).fetchall()
         payload = OutboxEvent.payload.python_value
         return [
@@ -241,3 +270,14 @@ class OutboxRepository:
         if extra is not None:
             where &= extra
         return OutboxEvent.update(values).where(where).execute() == 1
+
+
+def dispatch_events(events, claimer):
+    """The ``dispatched`` history rows of the enqueue events of a claim (its pushes follow)."""
+    rows = []
+    for event in events:
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        if event.event_type == ENQUEUE_EVENT and payload.get('jobId'):
+            detail = {'queue': payload.get('queueName'), 'dispatcher': claimer}
+            rows.append(NewEvent(payload['jobId'], DISPATCHED, 0, detail))
+    return rows

@@ -6,6 +6,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
+from . import metrics
 from .errors import (
     IdempotencyKeyReusedError,
     InvalidInputError,
@@ -15,12 +16,13 @@ from .errors import (
     QuotaExceededError,
     TooManyJobsError,
 )
-from .history import CREATED, DISPATCHED, NewEvent, insert_events
+from .groupcommit import GroupCommit
+from .history import CREATED, DISPATCHED, RETRIED, NewEvent, insert_events
 from .lifecycle import CANCELLED, FAILED, TERMINAL
 from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
 from .outbox import ENQUEUE_EVENT
 from .registry import first_error
-from .sql import Statement
+from .sql import Statement, insert_row
 from .store import IntegrityError
 from .webhook_urls import UrlPolicy, check_url
 
@@ -32,10 +34,12 @@ OVERRIDE_FIELDS = (
     'outputSchemaVersion',
 )
 DEFAULT_SNAPSHOT_TTL_MS = 30 * 24 * 3600 * 1000
-INSERT_SNAPSHOT = Statement(
+BULK_RETRY_LIMIT = 500  # new jobs one bulk retry creates at most; run it again for more
+INSERT_SNAPSHOT = (
     'INSERT INTO ai_job_snapshot (job_id, content, redaction_version, expires_at, created_at) '
-    'VALUES (%s, %s, 1, {now_plus}, {now})'
+    'VALUES '
 )
+SNAPSHOT_ROW = '(%s, %s, 1, {now_plus}, {now})'
 # Both per-user admission counts in one read: unfinished jobs, and jobs created this UTC day.
 ADMISSION_COUNTS = Statement(
     "SELECT COALESCE(SUM(CASE WHEN lifecycle_status IN ('queued', 'running') THEN 1 END), 0), "
@@ -58,6 +62,17 @@ class CreateJobInput:
     webhook_url: Optional[str] = None  # pushed to when the job is terminal (decision 15)
 
 
+@dataclass
+class BulkRetry:
+    """What ``retry_failed`` did: the new jobs, the failed jobs skipped (input purged) and
+    refused (the user's limits), and whether more than the limit were waiting."""
+
+    new_jobs: list
+    skipped: int
+    refused: int
+    more: bool
+
+
 class CreateResult(NamedTuple):
     job: AiJob
     created: bool  # False: an idempotent replay returned the existing job
@@ -78,6 +93,7 @@ class AiJobService:
         snapshot_ttl_ms=DEFAULT_SNAPSHOT_TTL_MS,
     ):
         self.store = store
+        self.creates = GroupCommit(store)
         self.snapshot_ttl_ms = snapshot_ttl_ms
         self.registry = registry
         self.lifecycle = lifecycle
@@ -114,10 +130,17 @@ class AiJobService:
                 return self._replay(existing, fingerprint)
         if self.admission is not None:
             self.admission(request, definition)
+        written = []  # the last run of the work is the one that committed
+
+        def work(tx):
+            written.append(self._insert(tx, definition, request, overrides, fingerprint))
+
         try:
-            job, event = self.store.run_in_transaction(
-                lambda tx: self._insert(tx, definition, request, overrides, fingerprint)
-            )
+            # With the creates of other threads (web requests) in one transaction, one commit.
+            [failure] = self.creates.run([work])
+            if failure is not None:
+                raise failure
+            job, event = written[-1]
         except IntegrityError:
             # Lost the race for the same idempotency key (contracts §2.4, last bullet): the winner
             # has committed; read it in a fresh transaction and answer as a replay.
@@ -125,6 +148,7 @@ class AiJobService:
             if existing is None:
                 raise
             return self._replay(existing, fingerprint)
+        metrics.job_created(job.job_type, job.queue_name)
         if self.dispatch_now is not None:
             self.dispatch_now(event)
         return CreateResult(job, True)
@@ -152,8 +176,10 @@ class AiJobService:
             retry_of_job_id=request.retry_of_job_id,
         )
         content = AiJobSnapshot.content.db_value({'input': request.input, 'overrides': overrides})
-        self.store.execute(
-            INSERT_SNAPSHOT, (job_id, content, self.store.ms_param(self.snapshot_ttl_ms))
+        insert_row(
+            INSERT_SNAPSHOT,
+            SNAPSHOT_ROW,
+            (job_id, content, self.store.ms_param(self.snapshot_ttl_ms)),
         )
         claimed_by = self.instance_id if self.dispatch_now is not None else None
         event = self.outbox.create_in_transaction(
@@ -165,7 +191,12 @@ class AiJobService:
             payload=enqueue_payload(job),
             claimed_by=claimed_by,
         )
-        insert_events(self.store, creation_events(job, claimed_by))
+        retried_attempt = None
+        if job.retry_of_job_id:  # an admin retry: the old job's history says so too
+            retried_attempt = (
+                AiJob.select(AiJob.attempt_no).where(AiJob.id == job.retry_of_job_id).scalar()
+            )
+        insert_events(self.store, creation_events(job, claimed_by, retried_attempt))
         if request.webhook_url is not None:
             self.webhooks.create_endpoint(request.user_id, request.webhook_url, job_id=job_id)
         return job, event
@@ -196,6 +227,8 @@ class AiJobService:
                 public_message='Jobs of this type cannot be cancelled.',
             )
         job = self.lifecycle.mark_cancelled(job_id)
+        if job.lifecycle_status == CANCELLED:  # it was queued: finished now
+            metrics.job_finished(job.job_type, job.queue_name, CANCELLED)
         if job.lifecycle_status == 'running' and self.cancel_signal is not None:
             self.cancel_signal(job_id)
         return job
@@ -221,6 +254,37 @@ class AiJobService:
             )
         ).job
 
+    def retry_failed(self, job_type, since, limit=BULK_RETRY_LIMIT):
+        """Admin bulk retry: ``retry_job`` for each failed job of ``job_type`` that finished at
+        or after ``since`` (naive UTC) and has not been retried yet, oldest first, at most
+        ``limit``. Each retry is its own transaction, so running it again goes on where it
+        stopped, and a retried job is never retried twice. A job whose input was purged is
+        skipped; one whose user is over a limit (429) is refused and stays for a later run.
+        Returns a BulkRetry."""
+        retried = AiJob.select(AiJob.retry_of_job_id).where(
+            AiJob.retry_of_job_id.is_null(False) & (AiJob.job_type == job_type)
+        )
+        candidates = list(
+            AiJob.select(AiJob.id)
+            .where(
+                (AiJob.finished_at >= since)
+                & (AiJob.lifecycle_status == FAILED)
+                & (AiJob.job_type == job_type)
+                & AiJob.id.not_in(retried)
+            )
+            .order_by(AiJob.finished_at, AiJob.id)
+            .limit(limit + 1)
+        )
+        result = BulkRetry([], 0, 0, len(candidates) > limit)
+        for job in candidates[:limit]:
+            try:
+                result.new_jobs.append(self.retry_job(job.id))
+            except JobNotRetryableError:
+                result.skipped += 1  # its snapshot was purged: nothing to run it on
+            except (TooManyJobsError, QuotaExceededError):
+                result.refused += 1  # the user's limits: it stays failed, for a later run
+        return result
+
     def snapshot(self, job_id):
         """The frozen ``{"input", "overrides"}`` a job runs on."""
         return AiJobSnapshot.get(AiJobSnapshot.job_id == job_id).content
@@ -243,10 +307,11 @@ class AiJobService:
         return AiJobSnapshot.delete().where(AiJobSnapshot.id.in_(ids)).execute()
 
 
-def creation_events(job, claimed_by):
+def creation_events(job, claimed_by, retried_attempt=None):
     """The history's first rows: ``created``, and ``dispatched`` when this process claimed the
     outbox event to push it right after commit (architecture decision 6): both in the creating
-    transaction, so the push can never come before its row."""
+    transaction, so the push can never come before its row. A retry of an old job adds the old
+    job's ``retried`` row (at its last attempt, ``retried_attempt``)."""
     detail = {'queue': job.queue_name, 'priority': job.priority}
     if job.retry_of_job_id:
         detail['retryOfJobId'] = job.retry_of_job_id
@@ -254,6 +319,10 @@ def creation_events(job, claimed_by):
     if claimed_by:
         events.append(
             NewEvent(job.id, DISPATCHED, 0, {'queue': job.queue_name, 'dispatcher': claimed_by})
+        )
+    if job.retry_of_job_id:
+        events.append(
+            NewEvent(job.retry_of_job_id, RETRIED, retried_attempt or 0, {'retryJobId': job.id})
         )
     return events
 

@@ -11,6 +11,9 @@ In the text, ``%s`` marks a parameter, ``{now}`` is the database clock (architec
 the clock's UTC day.
 """
 
+import contextlib
+import threading
+
 import peewee
 
 from .models import AiJob, database
@@ -76,3 +79,55 @@ def job_from_row(columns, row):
     pairs = zip(columns, row, strict=True)
     values = {name: fields[name].python_value(value) for name, value in pairs}
     return AiJob(__no_default__=True, **values)
+
+
+# ---------------------------------------------------------------- rows written together
+# ``INSERT … VALUES`` of one row per call, or, inside ``rows_together()``, kept until the block
+# ends and then written with the other rows of the same statement: one multi-row INSERT each.
+ROWS_PER_INSERT = 500  # a bound on one statement's size and parameter count
+_IGNORE_DUPLICATE = {
+    'mysql': ' ON DUPLICATE KEY UPDATE id = id',
+    'sqlite': ' ON CONFLICT DO NOTHING',
+}
+_together = threading.local()
+
+
+def insert_row(head, row, params, ignore_duplicate=False):
+    """``head`` (``INSERT INTO t (cols) VALUES ``) with one ``row`` (``(%s, …, {now})``) of
+    ``params``; ``ignore_duplicate`` keeps an existing row with the same key (an idempotent
+    write). Sent now, or at the end of the enclosing ``rows_together()`` block."""
+    pending = getattr(_together, 'rows', None)
+    if pending is None:
+        _insert_many(head, row, [params], ignore_duplicate)
+    else:
+        pending.setdefault((head, row, ignore_duplicate), []).extend([params])
+
+
+@contextlib.contextmanager
+def rows_together():
+    """Inside a transaction: every ``insert_row`` of this thread in the block waits for its
+    end, where rows of the same statement go out as one INSERT (in the order they came). A
+    block left by an exception writes nothing of them. A block inside another joins it."""
+    if getattr(_together, 'rows', None) is not None:
+        yield
+        return
+    _together.rows = {}
+    try:
+        yield
+        pending = _together.rows
+        _together.rows = None
+        for (head, row, ignore_duplicate), rows in pending.items():
+            _insert_many(head, row, rows, ignore_duplicate)
+    finally:
+        _together.rows = None
+
+
+def _insert_many(head, row, rows, ignore_duplicate):
+    for start in range(0, len(rows), ROWS_PER_INSERT):
+        chunk = rows[start : start + ROWS_PER_INSERT]
+        text = head + ', '.join([row] * len(chunk))
+        if ignore_duplicate:
+            made = statement(text + _IGNORE_DUPLICATE['mysql'], text + _IGNORE_DUPLICATE['sqlite'])
+        else:
+            made = statement(text)
+        execute(made, [value for params in chunk for value in params])

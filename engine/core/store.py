@@ -12,7 +12,7 @@ import time
 from urllib.parse import unquote, urlsplit
 
 import peewee
-from playhouse.pool import PooledMySQLDatabase
+from playhouse.pool import MaxConnectionsExceeded, PooledMySQLDatabase
 from pymysql.constants import SERVER_STATUS
 
 from . import sql
@@ -21,11 +21,15 @@ from .models import MODELS, database
 
 # Columns added to a table after it first shipped: (table, column, DDL valid on both dialects).
 ADDED_COLUMNS = (('ai_usage_log', 'call_no', 'INTEGER NOT NULL DEFAULT 1'),)
+# Indexes that came later, likewise: (table, index name, columns).
+ADDED_INDEXES = (('ai_job', 'ai_job_finished_at', 'finished_at'),)
 
 # Normalised by peewee from both drivers; the rest of the engine uses these names only.
 IntegrityError = peewee.IntegrityError
 OperationalError = peewee.OperationalError
 DoesNotExist = peewee.DoesNotExist
+# Every pooled connection stayed busy for the pool's whole wait (a burst beyond the pool size).
+PoolExhausted = MaxConnectionsExceeded
 
 
 # ---------------------------------------------------------------- databases
@@ -269,10 +273,13 @@ class Store:
 
     def _add_missing_columns(self):
         """CREATE TABLE IF NOT EXISTS leaves a table from an older release as it was: add the
-        columns that came later, so ``initdb`` upgrades a deployment in place."""
+        columns and indexes that came later, so ``initdb`` upgrades a deployment in place."""
         for table, column, ddl in ADDED_COLUMNS:
             if column not in {c.name for c in self.db.get_columns(table)}:
                 self.db.execute_sql('ALTER TABLE %s ADD COLUMN %s %s' % (table, column, ddl))
+        for table, name, columns in ADDED_INDEXES:
+            if name not in {index.name for index in self.db.get_indexes(table)}:
+                self.db.execute_sql('CREATE INDEX %s ON %s (%s)' % (name, table, columns))
 
     def ping(self):
         """Raise StoreUnavailableError unless a trivial query answers."""

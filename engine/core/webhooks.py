@@ -3,8 +3,8 @@ job events to them. A delivery is a row claimed by compare-and-set, like an outb
 (contracts §4.3): the claim comes before the send, it lasts a lease (a worker killed mid-send
 leaves a claim that expires and is claimed again), and only the claimer records the outcome."""
 
-from .models import AiJob, WebhookDelivery, WebhookEndpoint, new_id
-from .sql import Statement
+from .models import WebhookDelivery, WebhookEndpoint, new_id
+from .sql import Statement, placeholders, statement
 
 PENDING, SENDING, DELIVERED, DEAD = 'pending', 'sending', 'delivered', 'dead'
 STATUSES = (PENDING, SENDING, DELIVERED, DEAD)
@@ -25,6 +25,18 @@ CLAIM_DUE = Statement(
 ANY_DUE = Statement(
     "SELECT id FROM webhook_delivery WHERE status IN ('pending', 'sending') "
     'AND next_attempt_at <= {now} LIMIT 1'
+)
+
+
+# The live endpoints of some jobs (fan-out): their users' endpoints, then their own webhookUrls;
+# two index lookups rather than one OR join that no index serves.
+_ENDPOINTS_OF_JOBS = (
+    'SELECT j.id, j.job_type, e.id, e.events, e.job_types FROM ai_job j '
+    'JOIN webhook_endpoint e ON e.user_id = j.user_id AND e.job_id IS NULL '
+    'AND e.deleted_at IS NULL WHERE j.id IN (%s) '
+    'UNION ALL '
+    'SELECT j.id, j.job_type, e.id, e.events, e.job_types FROM webhook_endpoint e '
+    'JOIN ai_job j ON j.id = e.job_id WHERE e.job_id IN (%s) AND e.deleted_at IS NULL'
 )
 
 
@@ -76,37 +88,42 @@ class WebhookRepository:
         )
 
     # ------------------------------------------------------------ fan-out
-    def fan_out(self, event):
-        """One pending delivery of ``event`` (a claimed terminal outbox event) per endpoint that
-        wants it: the job's user's endpoints whose events and jobTypes match, and the job's own
-        ``webhookUrl``. Run in the transaction that marks the event published; a fan-out repeated
-        after a crash adds nothing (UNIQUE(event_id, endpoint_id)). Returns how many."""
-        job_id = event.payload['jobId']
-        job = AiJob.select(AiJob.user_id, AiJob.job_type).where(AiJob.id == job_id).first()
-        if job is None:
+    def fan_out(self, events):
+        """One pending delivery of each event of ``events`` (claimed terminal outbox events) per
+        endpoint that wants it: the job's user's endpoints whose events and jobTypes match, and
+        the job's own ``webhookUrl``. One read finds the endpoints of every event's job (none
+        at all, the usual case, costs that read only) and one INSERT writes the deliveries. Run
+        in the transaction that marks the events published; a fan-out repeated after a crash
+        adds nothing (UNIQUE(event_id, endpoint_id)). Returns how many deliveries."""
+        job_ids = sorted({event.payload['jobId'] for event in events})
+        if not job_ids:
             return 0
-        endpoints = WebhookEndpoint.select().where(
-            WebhookEndpoint.deleted_at.is_null()
-            & (
-                ((WebhookEndpoint.user_id == job.user_id) & WebhookEndpoint.job_id.is_null())
-                | (WebhookEndpoint.job_id == job_id)
-            )
-        )
+        marks = placeholders(len(job_ids))
+        wanted = {}  # job id -> [(endpoint id, events, job types, job type)]
+        decode_events = WebhookEndpoint.events.python_value
+        decode_types = WebhookEndpoint.job_types.python_value
+        for job_id, job_type, endpoint_id, types, job_types in self.store.execute(
+            statement(_ENDPOINTS_OF_JOBS % (marks, marks)), job_ids + job_ids
+        ).fetchall():
+            if _wants_types(decode_events(types), decode_types(job_types), None, job_type):
+                wanted.setdefault(job_id, []).append((endpoint_id, decode_events(types)))
+        now = self.store.now()
         rows = [
             {
                 'id': new_id(),
-                'endpoint_id': endpoint.id,
+                'endpoint_id': endpoint_id,
                 'event_id': event.id,
                 'event_type': event.event_type,
-                'job_id': job_id,
+                'job_id': event.payload['jobId'],
                 'status': PENDING,
                 'attempt_count': 0,
-                'next_attempt_at': self.store.now(),
-                'created_at': self.store.now(),
-                'updated_at': self.store.now(),
+                'next_attempt_at': now,
+                'created_at': now,
+                'updated_at': now,
             }
-            for endpoint in endpoints
-            if _wants(endpoint, event.event_type, job.job_type)
+            for event in events
+            for endpoint_id, types in wanted.get(event.payload['jobId'], ())
+            if not types or event.event_type in types
         ]
         if rows:
             WebhookDelivery.insert_many(rows).on_conflict_ignore().execute()
@@ -161,8 +178,11 @@ class WebhookRepository:
     def _record(self, delivery, claimer, values):
         """Only the claimer records, and only while its claim holds (a sender that outlived
         its lease lost the delivery to another, which records instead)."""
-        values = dict(values, **{WebhookDelivery.locked_by: None})
-        values[WebhookDelivery.updated_at] = self.store.now()
+        values = {
+            **values,
+            WebhookDelivery.locked_by: None,
+            WebhookDelivery.updated_at: self.store.now(),
+        }
         return bool(
             WebhookDelivery.update(values)
             .where(
@@ -220,7 +240,9 @@ class WebhookRepository:
         )
 
 
-def _wants(endpoint, event_type, job_type):
-    return (not endpoint.events or event_type in endpoint.events) and (
-        not endpoint.job_types or job_type in endpoint.job_types
+def _wants_types(events, job_types, event_type, job_type):
+    """Does an endpoint of ``events`` and ``job_types`` (None or empty: all) want this event
+    (``event_type`` None: any) of a job of ``job_type``?"""
+    return (not events or event_type is None or event_type in events) and (
+        not job_types or job_type in job_types
     )

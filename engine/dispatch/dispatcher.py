@@ -119,22 +119,28 @@ class OutboxDispatcher:
         return released
 
     # ------------------------------------------------------------ the thread
-    def run(self, stop, connection):
+    def run(self, stop, connection, active=None):
         """Loop until ``stop`` is set: release expired claims every ``release_ms``, dispatch
-        every ``poll_ms`` (sooner when woken), backing off while the queue is down."""
+        every ``poll_ms`` (sooner when woken), backing off while the queue is down. Only while
+        ``active()`` says so (the housekeeping leader, architecture decision 12): elsewhere the
+        eager dispatch after each create is all this process publishes."""
         while not stop.is_set():
             try:
-                with connection():
-                    if time.monotonic() >= self._next_release:
-                        self.release_expired()
-                        self._next_release = time.monotonic() + self.release_ms / 1000.0
-                    while self.cycle() == self.batch_size and not stop.is_set():
-                        pass  # a full batch: there may be more due right now
+                if active is None or active():
+                    self._poll(stop, connection)
             except Exception:  # a store outage: log, wait, go on
                 log_event('dispatcher.cycle_failed', logging.ERROR, exc_info=True)
             wait = max(self.poll_ms / 1000.0, self._outage_backoff_s)
             self.wake.wait(wait)
             self.wake.clear()
+
+    def _poll(self, stop, connection):
+        with connection():
+            if time.monotonic() >= self._next_release:
+                self.release_expired()
+                self._next_release = time.monotonic() + self.release_ms / 1000.0
+            while self.cycle() == self.batch_size and not stop.is_set():
+                pass  # a full batch: there may be more due right now
 
 
 def message_for(payload):

@@ -3,8 +3,15 @@ forever, whatever happened to a worker or to Redis (architecture decisions 1 and
 purger, which keeps the snapshot and outbox tables from growing without bound."""
 
 import logging
+import time
 
-from ..core.errors import IllegalTransitionError, InternalJobError, JobLockConflictError
+from ..core import metrics
+from ..core.errors import (
+    IllegalTransitionError,
+    InternalJobError,
+    JobLockConflictError,
+    QueueUnavailableError,
+)
 from ..core.lifecycle import ExpiredLockFence
 from ..core.logs import log_event
 from .queue import Message
@@ -17,45 +24,51 @@ def message_for_job(job):
 class Reaper:
     """Running jobs whose lock expired ``reap_after_ms`` ago: finish a requested cancel, hand
     the job to another worker while its queue allows another attempt, else fail it
-    INTERNAL_WORKER_LOST. Also moves back the messages of consumers that stopped heartbeating."""
+    INTERNAL_WORKER_LOST. Also moves back the messages of consumers that stopped heartbeating.
 
-    def __init__(self, lifecycle, queue, reap_after_ms=90_000):
+    The database decides and the queue only carries the hand-over: during a queue outage the
+    cancels and failures are still written, and the hand-overs wait for the queue's return (no
+    worker could pop them meanwhile). A hand-over is pushed once; while its message waits for a
+    free worker it is not pushed again until ``repush_after_ms`` has passed (the message may have
+    been lost with Redis's data), as the reconciler does for queued jobs."""
+
+    def __init__(self, lifecycle, queue, reap_after_ms=90_000, repush_after_ms=60_000):
         self.lifecycle = lifecycle
         self.queue = queue
         self.reap_after_ms = reap_after_ms
+        self.repush_after_s = repush_after_ms / 1000.0
+        self._pushed = {}  # job id -> (attempt number, monotonic time of its hand-over push)
 
     def sweep(self):
-        """One pass; returns counts of messages recovered and jobs republished, failed,
-        cancelled or skipped."""
-        counts = {
-            'recovered': self.queue.recover_orphans(),
-            'republished': 0,
-            'failed': 0,
-            'cancelled': 0,
-            'skipped': 0,
-        }
+        """One pass; returns counts of messages recovered and jobs republished, waiting (pushed
+        already, not yet taken), failed, cancelled, deferred (the queue is down) or skipped."""
+        counts = dict.fromkeys(
+            ('recovered', 'republished', 'waiting', 'failed', 'cancelled', 'deferred', 'skipped'),
+            0,
+        )
+        self._forget_old_pushes()
+        queue_up = True
+        try:
+            counts['recovered'] = self.queue.recover_orphans()
+        except QueueUnavailableError:
+            queue_up = False
         for job in self.lifecycle.find_expired_locks(self.reap_after_ms):
-            counts[self._reap(job)] += 1
+            outcome = self._reap(job, queue_up)
+            queue_up = queue_up and outcome != 'deferred'
+            counts[outcome] += 1
+        if counts['deferred']:
+            log_event('reaper.republish_deferred', logging.WARNING, count=counts['deferred'])
         return counts
 
-    def _reap(self, job):
+    def _reap(self, job, queue_up):
         fence = ExpiredLockFence(job.attempt_no, self.reap_after_ms)
         try:
             if job.cancel_requested_at is not None:
                 self.lifecycle.mark_cancelled(job.id, fence=fence)
+                metrics.job_finished(job.job_type, job.queue_name, 'cancelled')
                 return 'cancelled'
             if job.attempt_no < self.lifecycle.attempts_allowed(job.queue_name):
-                # The dead worker's message may be gone (Redis lost it) or still held by a live
-                # but stuck process: push anyway; the lock CAS lets one worker take over.
-                self.queue.push(message_for_job(job), force=True)
-                log_event(
-                    'job.worker_lost',
-                    logging.WARNING,
-                    job_id=job.id,
-                    worker=job.locked_by,
-                    outcome='republished',
-                )
-                return 'republished'
+                return self._republish(job) if queue_up else 'deferred'
             self.lifecycle.mark_failed(
                 job.id,
                 InternalJobError(
@@ -65,6 +78,7 @@ class Reaper:
                 ),
                 fence=fence,
             )
+            metrics.job_finished(job.job_type, job.queue_name, 'failed')
             log_event(
                 'job.worker_lost',
                 logging.WARNING,
@@ -76,6 +90,30 @@ class Reaper:
             return 'failed'
         except (JobLockConflictError, IllegalTransitionError):
             return 'skipped'  # its worker heartbeated or finished meanwhile: keep it
+
+    def _republish(self, job):
+        """The dead worker's message may be gone (Redis lost it) or still held by a live but
+        stuck process: push anyway; the lock CAS lets one worker take over."""
+        if self._pushed.get(job.id, (None,))[0] == job.attempt_no:
+            return 'waiting'
+        try:
+            self.queue.push(message_for_job(job), force=True)
+        except QueueUnavailableError:
+            return 'deferred'
+        self._pushed[job.id] = (job.attempt_no, time.monotonic())
+        self.lifecycle.record_worker_lost(job)
+        log_event(
+            'job.worker_lost',
+            logging.WARNING,
+            job_id=job.id,
+            worker=job.locked_by,
+            outcome='republished',
+        )
+        return 'republished'
+
+    def _forget_old_pushes(self):
+        oldest = time.monotonic() - self.repush_after_s
+        self._pushed = {k: v for k, v in self._pushed.items() if v[1] > oldest}
 
 
 class Reconciler:

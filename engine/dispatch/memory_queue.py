@@ -33,17 +33,23 @@ class MemoryQueue(Queue):
             return True
 
     def pop(self, queue_name, consumer_id, timeout_s):
+        deliveries = self.pop_many(queue_name, consumer_id, 1, timeout_s)
+        return deliveries[0] if deliveries else None
+
+    def pop_many(self, queue_name, consumer_id, limit, timeout_s):
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while True:
+                taken = []
                 for band in self._bands[queue_name]:
-                    if band:
-                        raw = band.popleft()
-                        self._processing[(queue_name, consumer_id)].append(raw)
-                        return Delivery(Message.decode(raw), raw, consumer_id)
+                    while band and len(taken) < limit:
+                        taken.append(band.popleft())
+                if taken:
+                    self._processing[(queue_name, consumer_id)].extend(taken)
+                    return [Delivery(Message.decode(raw), raw, consumer_id) for raw in taken]
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return None
+                    return []
                 self._lock.wait(remaining)
 
     def ack(self, delivery):
@@ -102,6 +108,15 @@ class MemoryQueue(Queue):
     def in_flight(self, queue_name):
         with self._lock:
             return sum(len(raws) for (q, _), raws in self._processing.items() if q == queue_name)
+
+    def shard_lengths(self, queue_name):
+        return {queue_name: (self.depth(queue_name), self.in_flight(queue_name))}
+
+    def consumers(self):
+        now = time.monotonic()
+        with self._lock:
+            left = {c: int((expiry - now) * 1000) for c, expiry in self._heartbeats.items()}
+        return {consumer_id: ms for consumer_id, ms in left.items() if ms > 0}
 
     def epoch(self):
         with self._lock:

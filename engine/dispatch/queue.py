@@ -105,9 +105,29 @@ class Queue:
         Delivery, waiting up to ``timeout_s``; None if nothing came."""
         raise NotImplementedError
 
+    def pop_many(self, queue_name, consumer_id, limit, timeout_s):
+        """Up to ``limit`` deliveries, most urgent first, each moved into the consumer's
+        processing list as ``pop`` does; waits up to ``timeout_s`` for the first and not at all
+        for the rest. Backends override it to take them in one round trip."""
+        first = self.pop(queue_name, consumer_id, timeout_s)
+        if first is None:
+            return []
+        deliveries = [first]
+        while len(deliveries) < limit:
+            more = self.pop(queue_name, consumer_id, 0)
+            if more is None:
+                break
+            deliveries.append(more)
+        return deliveries
+
     def ack(self, delivery):
         """Done with a delivery: remove it from processing and forget its queue job id."""
         raise NotImplementedError
+
+    def ack_many(self, deliveries):
+        """``ack`` of several deliveries, in one round trip where the backend can."""
+        for delivery in deliveries:
+            self.ack(delivery)
 
     def release(self, delivery):
         """Hand a delivery back to the front of its queue (graceful shutdown)."""
@@ -148,9 +168,26 @@ class Queue:
         """Messages of a queue held in consumers' processing lists, over all its shards."""
         raise NotImplementedError
 
+    def shard_lengths(self, queue_name):
+        """{shard: (waiting, processing)} of a queue, for the metrics: messages waiting and
+        messages held in consumers' processing lists, per shard."""
+        raise NotImplementedError
+
+    def consumers(self):
+        """The consumers whose heartbeat is live: ``{consumer_id: milliseconds it has left}``
+        (the operator's "workers alive"; a consumer id is the worker's instance id, the
+        ``locked_by`` of the jobs it runs)."""
+        raise NotImplementedError
+
     def ping(self):
         """Raise QueueUnavailableError unless the backend answers."""
         raise NotImplementedError
+
+    def check_ready(self):
+        """Raise QueueUnavailableError unless the backend takes writes wherever this queue's
+        messages live (``/readyz``): answering is not enough, a read-only replica answers too.
+        An in-process queue is ready when it answers."""
+        self.ping()
 
     def close(self):
         pass

@@ -6,6 +6,10 @@ shard is ``{prefix}:{tag}:…``, so each script's keys share one slot (architect
 13) and the shards of a queue spread over a Redis Cluster's nodes. One shard keeps the unsharded
 tag (the queue's name), so a deployment upgraded in place keeps its messages. Redis errors stop at
 this edge as QueueUnavailableError.
+
+The client speaks to whatever topology AIJOB_REDIS_URL names (redis_client): one server, a
+cluster, or a Sentinel-watched master. It is built at first use, so a process starts while Redis
+is down and its loops retry, as they do after any outage.
 """
 
 import itertools
@@ -16,11 +20,12 @@ import zlib
 from dataclasses import dataclass
 
 import redis
-from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from ..core.errors import QueueUnavailableError
 from ..core.registry import QUEUE_NAMES
 from .queue import BANDS, Delivery, Message, Queue, band_of
+from .redis_client import connect, is_cluster
 
 
 def _translate(method):
@@ -29,7 +34,8 @@ def _translate(method):
     def wrapper(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
+            # RedisClusterException (no node answers, a slot uncovered) is no RedisError.
             raise QueueUnavailableError('redis: %s' % exc.__class__.__name__) from None
 
     wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
@@ -60,10 +66,33 @@ end
 return false
 """
 
+# KEYS: bands (most urgent first)..., processing, consumers. ARGV: consumer id, how many at most.
+_POP_MANY = """
+redis.call('SADD', KEYS[#KEYS], ARGV[1])
+local taken, limit = {}, tonumber(ARGV[2])
+for i = 1, #KEYS - 2 do
+  while #taken < limit do
+    local raw = redis.call('LMOVE', KEYS[i], KEYS[#KEYS - 1], 'LEFT', 'RIGHT')
+    if not raw then break end
+    taken[#taken + 1] = raw
+  end
+end
+return taken
+"""
+
 _ACK = """
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 return 1
+"""
+
+# KEYS: processing, then one marker per message. ARGV: the messages, in the markers' order.
+_ACK_MANY = """
+for i = 1, #ARGV do
+  redis.call('LREM', KEYS[1], 1, ARGV[i])
+  if redis.call('GET', KEYS[i + 1]) == ARGV[i] then redis.call('DEL', KEYS[i + 1]) end
+end
+return #ARGV
 """
 
 _RELEASE = """
@@ -96,6 +125,7 @@ MARKER_TTL_S = 7 * 24 * 3600
 # Redis's data comes back; consumers re-read it this often to find shards to drain.
 REGISTER_EVERY_S = 30.0
 DISCOVER_EVERY_S = 2.0
+READY_KEY_TTL_MS = 5000  # the keys /readyz writes expire at once
 # A cluster refuses a BLPOP over keys of several slots: an idle consumer watches one shard's wake
 # list this long, then the next one.
 CLUSTER_WAIT_SLICE_S = 0.25
@@ -122,18 +152,40 @@ class RedisQueue(Queue):
         self._registered_at = None
         self._discovered = {}  # queue -> _Discovery
         self._discover_lock = threading.Lock()
-        self.redis = redis.Redis.from_url(
-            url,
-            socket_timeout=10,
-            socket_connect_timeout=3,
-            decode_responses=True,
-            health_check_interval=30,
-        )
-        self._push = self.redis.register_script(_PUSH)
-        self._pop = self.redis.register_script(_POP)
-        self._ack = self.redis.register_script(_ACK)
-        self._release = self.redis.register_script(_RELEASE)
-        self._recover = self.redis.register_script(_RECOVER)
+        self.url = url
+        self._client = None
+        self._scripts = None
+        self._client_lock = threading.Lock()
+
+    @property
+    def redis(self):
+        """The client, built at first use (a cluster's is built from its slot map, which needs
+        a node to answer; until one does every call fails QueueUnavailableError)."""
+        return self._connect()
+
+    def _connect(self):
+        if self._client is None:
+            with self._client_lock:
+                if self._client is None:
+                    client = connect(self.url)
+                    self._scripts = {
+                        name: client.register_script(source)
+                        for name, source in (
+                            ('push', _PUSH),
+                            ('pop', _POP),
+                            ('pop_many', _POP_MANY),
+                            ('ack', _ACK),
+                            ('ack_many', _ACK_MANY),
+                            ('release', _RELEASE),
+                            ('recover', _RECOVER),
+                        )
+                    }
+                    self._client = client
+        return self._client
+
+    def _script(self, name):
+        self._connect()  # the scripts are registered with the client
+        return self._scripts[name]
 
     # -- shards and keys
     def shard_tags(self, queue_name):
@@ -234,7 +286,7 @@ class RedisQueue(Queue):
     def push(self, message, force=False):
         self._register()
         args = [message.encode(), MARKER_TTL_S, '1' if force else '0']
-        return bool(self._push(keys=self._push_keys(message), args=args))
+        return bool(self._script('push')(keys=self._push_keys(message), args=args))
 
     @_translate
     def push_many(self, messages):
@@ -244,12 +296,15 @@ class RedisQueue(Queue):
             return [self.push(messages[0])]
         self._register()
         pipe = self.redis.pipeline(transaction=False)
+        push, cluster = self._script('push'), is_cluster(self.redis)
         for message in messages:
-            self._push(
-                keys=self._push_keys(message),
-                args=[message.encode(), MARKER_TTL_S, '0'],
-                client=pipe,
-            )
+            keys, args = self._push_keys(message), [message.encode(), MARKER_TTL_S, '0']
+            if cluster:
+                # A cluster pipeline refuses EVALSHA (it could not load a script a node
+                # lacks): the script's text goes with each call, cached by the node.
+                pipe.execute_command('EVAL', _PUSH, len(keys), *keys, *args)
+            else:
+                push(keys=keys, args=args, client=pipe)
         return [bool(result) for result in pipe.execute()]
 
     @_translate
@@ -268,7 +323,7 @@ class RedisQueue(Queue):
                     self._processing(tag, consumer_id),
                     self._key(tag, 'consumers'),
                 ]
-                raw = self._pop(keys=keys, args=[consumer_id])
+                raw = self._script('pop')(keys=keys, args=[consumer_id])
                 if raw:
                     return Delivery(Message.decode(raw), raw, consumer_id, tag)
             remaining = deadline - time.monotonic()
@@ -276,26 +331,67 @@ class RedisQueue(Queue):
                 return None
             self._wait([self._key(tag, 'wake') for tag in tags], remaining)
 
+    @_translate
+    def pop_many(self, queue_name, consumer_id, limit, timeout_s):
+        """``pop``'s sweep, taking up to ``limit`` messages: one script (one round trip) per
+        shard visited, most urgent band first within each shard."""
+        self._register()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            tags = self.shard_tags(queue_name) + list(self._discover(queue_name).draining)
+            start = next(self._rotation) % len(tags)
+            tags = tags[start:] + tags[:start]
+            deliveries = []
+            for tag in tags:
+                keys = self._bands(tag) + [
+                    self._processing(tag, consumer_id),
+                    self._key(tag, 'consumers'),
+                ]
+                args = [consumer_id, limit - len(deliveries)]
+                raws = self._script('pop_many')(keys=keys, args=args)
+                deliveries += [Delivery(Message.decode(r), r, consumer_id, tag) for r in raws]
+                if len(deliveries) >= limit:
+                    break
+            if deliveries:
+                return deliveries
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            self._wait([self._key(tag, 'wake') for tag in tags], remaining)
+
     def _wait(self, wake_keys, remaining):
         """Sleep until a push wakes us (BLPOP on the shards' wake lists), then sweep again. One
         server watches every shard in one BLPOP; a cluster refuses keys of several slots in one
         command, so there the first shard (a different one each sweep) is watched for a slice."""
-        if len(wake_keys) > 1 and isinstance(self.redis, RedisCluster):
+        if len(wake_keys) > 1 and is_cluster(self.redis):
             wake_keys, remaining = wake_keys[:1], min(remaining, CLUSTER_WAIT_SLICE_S)
         self.redis.blpop(wake_keys, timeout=max(0.01, min(remaining, 5)))
 
     @_translate
     def ack(self, delivery):
         tag = delivery.source
-        self._ack(
+        self._script('ack')(
             keys=[self._processing(tag, delivery.consumer_id), self._marker(tag, delivery.message)],
             args=[delivery.raw],
         )
 
     @_translate
+    def ack_many(self, deliveries):
+        """One script per shard the deliveries came from (one round trip with one shard)."""
+        by_tag = {}
+        for delivery in deliveries:
+            by_tag.setdefault((delivery.source, delivery.consumer_id), []).append(delivery)
+        for (tag, consumer_id), group in by_tag.items():
+            markers = [self._marker(tag, d.message) for d in group]
+            self._script('ack_many')(
+                keys=[self._processing(tag, consumer_id)] + markers,
+                args=[d.raw for d in group],
+            )
+
+    @_translate
     def release(self, delivery):
         m, tag = delivery.message, delivery.source
-        self._release(
+        self._script('release')(
             keys=[
                 self._processing(tag, delivery.consumer_id),
                 self._bands(tag)[band_of(m.priority)],
@@ -334,7 +430,7 @@ class RedisQueue(Queue):
             keys = (
                 [self._processing(tag, consumer_id)] + self._bands(tag) + [self._key(tag, 'wake')]
             )
-            moved += int(self._recover(keys=keys))
+            moved += int(self._script('recover')(keys=keys))
             self.redis.srem(consumers_key, consumer_id)
         return moved
 
@@ -358,12 +454,31 @@ class RedisQueue(Queue):
         job_ids = list(job_ids)
         if not job_ids:
             return set()
-        flags = self.redis.mget([self.cancel_key(j) for j in job_ids])
+        keys = [self.cancel_key(j) for j in job_ids]
+        if is_cluster(self.redis):
+            flags = self.redis.mget_nonatomic(keys)  # one MGET per slot, answers in order
+        else:
+            flags = self.redis.mget(keys)
         return {job_id for job_id, flag in zip(job_ids, flags, strict=True) if flag}
 
     @_translate
     def ping(self):
         self.redis.ping()
+
+    @_translate
+    def check_ready(self):
+        """A write where the queues live: a short-lived key SET in every configured shard of
+        every queue (on a cluster, the node of each shard's slot), so a read-only replica, a
+        lost master or an unreachable shard fails. A single-server URL that names a cluster
+        node is the wrong node: its keys of other slots would be MOVED."""
+        client = self.redis
+        if not is_cluster(client) and client.info('cluster').get('cluster_enabled'):
+            raise QueueUnavailableError('redis: a cluster node behind a single-server URL')
+        pipe = client.pipeline(transaction=False)
+        for queue_name in QUEUE_NAMES:
+            for tag in self.shard_tags(queue_name):
+                pipe.set(self._key(tag, 'ready'), '1', px=READY_KEY_TTL_MS)
+        pipe.execute()
 
     @_translate
     def depth(self, queue_name):
@@ -377,8 +492,36 @@ class RedisQueue(Queue):
                 processing.append(self._processing(tag, consumer_id))
         return sum(self._lengths(processing))
 
+    @_translate
+    def shard_lengths(self, queue_name):
+        tags = self._all_tags(queue_name)
+        processing = {}
+        for tag in tags:
+            consumers = self.redis.smembers(self._key(tag, 'consumers'))
+            processing[tag] = [self._processing(tag, consumer) for consumer in consumers]
+        keys = [band for tag in tags for band in self._bands(tag)]
+        keys += [key for tag in tags for key in processing[tag]]
+        lengths = iter(self._lengths(keys))
+        waiting = {tag: sum(next(lengths) for _ in range(BANDS)) for tag in tags}
+        return {tag: (waiting[tag], sum(next(lengths) for _ in processing[tag])) for tag in tags}
+
+    @_translate
+    def consumers(self):
+        """Every consumer registered on a shard of any queue, kept if its heartbeat key lives."""
+        known = set()
+        for queue_name in QUEUE_NAMES:
+            for tag in self._all_tags(queue_name):
+                known.update(self.redis.smembers(self._key(tag, 'consumers')))
+        known = sorted(known)
+        pipe = self.redis.pipeline(transaction=False)
+        for consumer_id in known:
+            pipe.pttl(self.heartbeat_key(consumer_id))
+        ttls = pipe.execute() if known else []
+        return {c: int(ttl) for c, ttl in zip(known, ttls, strict=True) if ttl and ttl > 0}
+
     def close(self):
-        self.redis.close()
+        if self._client is not None:
+            self._client.close()
 
 
 # ---------------------------------------------------------------- in-process

@@ -52,7 +52,7 @@ class WebhookFanout:
             return 0
 
         def work(tx):
-            deliveries = sum(self.webhooks.fan_out(event) for event in events)
+            deliveries = self.webhooks.fan_out(events)
             self.outbox.mark_published_batch([event.id for event in events], claimer)
             return deliveries
 
@@ -161,14 +161,17 @@ class WebhookSender:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def run_webhooks(fanout, sender, stop, connection, poll_s):
-    """The webhook thread of a worker process: fan out, then send what is due, every ``poll_s``
-    (sooner when a send finishes and frees a thread)."""
+def run_webhooks(fanout, sender, stop, connection, poll_s, lead=None):
+    """The webhook thread of a worker process: fan out (only while ``lead()`` says this process
+    is the housekeeping leader), then send what is due, every ``poll_s`` (sooner when a send
+    finishes and frees a thread). Every process sends: deliveries are claimed by CAS."""
     while not stop.is_set():
         try:
             with connection():
-                while fanout.cycle() == fanout.batch_size and not stop.is_set():
-                    pass  # a full batch: there may be more right now
+                # A full batch: there may be more right now.
+                while (lead is None or lead()) and not stop.is_set():
+                    if fanout.cycle() < fanout.batch_size:
+                        break
                 sender.cycle()
         except Exception:  # a store outage: log, wait, go on
             log_event('webhook.cycle_failed', logging.ERROR, exc_info=True)

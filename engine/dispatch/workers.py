@@ -16,22 +16,32 @@ from ..core.errors import JobLockConflictError, QueueUnavailableError
 from ..core.lifecycle import RUNNING
 from ..core.logs import log_event
 from ..execution.engine import ExecutionEngine
+from .leader import Leadership
 from .webhooks import run_webhooks
 
 EXIT_FORCED = 3  # a second SIGTERM/SIGINT: exit now, takeover recovers the jobs
 
 
-def run_every(name, interval_s, step, stop, connection):
-    """A daemon thread calling ``step()`` every ``interval_s`` until ``stop`` is set; errors are
-    logged and the loop goes on (a store or Redis outage must not kill it)."""
+def run_every(name, interval_s, step, stop, connection, active=None):
+    """A daemon thread calling ``step()`` every ``interval_s`` until ``stop`` is set, skipping
+    the turns when ``active()`` says no (housekeeping on a follower). An error is logged when a
+    loop starts failing and again when it recovers, not at every turn of an outage, and the loop
+    goes on (a store or Redis outage must not kill it)."""
 
     def loop():
+        failing = False
         while not stop.is_set():
-            try:
-                with connection():
-                    step()
-            except Exception:
-                log_event('loop.step_failed', logging.ERROR, exc_info=True, loop=name)
+            if active is None or active():
+                try:
+                    with connection():
+                        step()
+                    if failing:
+                        failing = False
+                        log_event('loop.recovered', loop=name)
+                except Exception:
+                    if not failing:
+                        failing = True
+                        log_event('loop.step_failed', logging.ERROR, exc_info=True, loop=name)
             stop.wait(interval_s)
 
     thread = threading.Thread(target=loop, name=name, daemon=True)
@@ -40,6 +50,34 @@ def run_every(name, interval_s, step, stop, connection):
 
 
 QUEUE_EPOCH_CHECK_S = 1.0
+# Jobs a worker thread takes at once at most (AIJOB_CLAIM_AHEAD_MS).
+CLAIM_MAX = 50
+
+
+class ClaimSize:
+    """How many jobs a worker thread pops and locks at once: as many as it expects to run in
+    ``claim_ahead_ms``, from a moving average of the time its jobs ran (their lock and final
+    commit, shared by a batch, left out). Long jobs (an AI call of seconds) are taken one at a
+    time, so a worker never hoards work another could start now; jobs of a millisecond are
+    taken by the dozen, and their locks and results cost one commit per batch instead of one
+    per job."""
+
+    def __init__(self, claim_ahead_ms, most=CLAIM_MAX):
+        self.ahead_s = claim_ahead_ms / 1000.0
+        self.most = most
+        self.per_job_s = None  # unknown until the first batch
+
+    def next(self):
+        if not self.ahead_s or self.per_job_s is None:
+            return 1
+        return max(1, min(self.most, int(self.ahead_s / max(self.per_job_s, 1e-4))))
+
+    def observe(self, seconds):
+        """One job ran for ``seconds``."""
+        if self.per_job_s is None:
+            self.per_job_s = seconds
+        else:
+            self.per_job_s = 0.8 * self.per_job_s + 0.2 * seconds
 
 
 class WorkerPool:
@@ -47,12 +85,13 @@ class WorkerPool:
     database connection only while the engine does database work (``ExecutionEngine.execute``),
     never while a provider call waits, so ``concurrency`` may be far above AIJOB_DB_POOL_SIZE."""
 
-    def __init__(self, queue_name, concurrency, queue, engine, consumer_id):
+    def __init__(self, queue_name, concurrency, queue, engine, consumer_id, claim_ahead_ms=0):
         self.queue_name = queue_name
         self.concurrency = concurrency
         self.queue = queue
         self.engine = engine
         self.consumer_id = consumer_id
+        self.claim_ahead_ms = claim_ahead_ms
         self.stopping = threading.Event()
         self.threads = []
 
@@ -86,11 +125,41 @@ class WorkerPool:
             self.queue.ack(delivery)  # done, or a duplicate of a job run elsewhere
         return status
 
+    def run_batch(self, claim, timeout_s=1.0):
+        """Pop up to ``claim.next()`` messages, lock their jobs in one statement and run them
+        (``ExecutionEngine.execute_batch``), then ack them together. Returns {job id: status},
+        or 'empty' if no message came."""
+        deliveries = self.queue.pop_many(self.queue_name, self.consumer_id, claim.next(), timeout_s)
+        if not deliveries:
+            return 'empty'
+        if self.stopping.is_set():  # popped while stopping: not ours to start
+            for delivery in deliveries:
+                self.queue.release(delivery)
+            return {}
+        try:
+            statuses = self.engine.execute_batch(
+                [d.message.job_id for d in deliveries], self.claim_ahead_ms / 1000.0, claim.observe
+            )
+        except Exception:
+            for delivery in deliveries:  # as in run_one: never strand them in our list
+                self.queue.release(delivery)
+            raise
+        done = []
+        for delivery in deliveries:
+            status = statuses.get(delivery.message.job_id)
+            if status is None and self.stopping.is_set():
+                self.queue.release(delivery)  # handed back: another worker takes it over
+            else:
+                done.append(delivery)  # done, or a duplicate of a job run elsewhere
+        self.queue.ack_many(done)
+        return statuses
+
     def _loop(self):
         backoff = 0.0
+        claim = ClaimSize(self.claim_ahead_ms)
         while not self.stopping.is_set():
             try:
-                self.run_one(timeout_s=1.0)
+                self.run_batch(claim, timeout_s=1.0)
                 backoff = 0.0
             except QueueUnavailableError as exc:
                 backoff = min(10.0, max(0.2, backoff * 2))
@@ -126,10 +195,20 @@ class Supervisor:
         self.heartbeat_ttl_ms = runtime.config.reap_after_ms
 
     def beat(self):
-        """The 30 s heartbeat (contracts §1.7): consumer key, then every held lock — in two
-        statements per batch of held jobs however many this worker runs."""
-        self.queue.heartbeat(self.consumer_id, self.heartbeat_ttl_ms)
+        """The heartbeat (contracts §1.7): every held lock, then this consumer's key. The locks
+        come first and never wait on Redis: a queue outage must not let a live job's lock expire
+        (the reaper would hand it to another worker)."""
+        self.extend_held_locks()
+        self.refresh_consumer_key()
+
+    def extend_held_locks(self):
+        """Every lock this worker holds, in two statements per batch however many it runs."""
         self.extend_locks(self.engine.held_attempts())
+
+    def refresh_consumer_key(self):
+        """This consumer's heartbeat key in the queue: while it lives, the reaper leaves its
+        processing list alone."""
+        self.queue.heartbeat(self.consumer_id, self.heartbeat_ttl_ms)
 
     def extend_locks(self, attempts):
         """Extend the locks of ``attempts`` (lifecycle.extend_locks); an attempt whose fence no
@@ -162,7 +241,10 @@ class Supervisor:
 
 
 class Worker:
-    """Dispatcher + worker pools + supervisor + reaper + reconciler, in this process."""
+    """Worker pools, supervisor and the housekeeping loops, in this process. The housekeeping
+    (reaper, reconciler, outbox polling, webhook fan-out, purge) runs only while this process
+    holds the leader lease (architecture decision 12); the rest runs in every process. With
+    ``with_maintenance=False`` the process never stands for the lease: job threads only."""
 
     def __init__(self, runtime, with_maintenance=True):
         self.runtime = runtime
@@ -175,6 +257,7 @@ class Worker:
                 runtime.queue,
                 self.engine,
                 runtime.instance_id,
+                config.claim_ahead_ms,
             ),
             WorkerPool(
                 'ai-background',
@@ -182,98 +265,49 @@ class Worker:
                 runtime.queue,
                 self.engine,
                 runtime.instance_id,
+                config.claim_ahead_ms,
             ),
         ]
         self.supervisor = Supervisor(runtime, self.engine, runtime.instance_id)
+        self.leadership = Leadership(runtime.store, runtime.instance_id, config.leader_lease_ms)
         self.with_maintenance = with_maintenance
         self.stop_event = threading.Event()
         self.threads = []
 
     def start(self):
         rt, config, conn = self.runtime, self.runtime.config, self.runtime.store.connection
-        self.supervisor.beat()
-        self.threads.append(
-            threading.Thread(
-                target=rt.dispatcher.run,
-                args=(self.stop_event, conn),
-                name='dispatcher',
-                daemon=True,
-            )
-        )
-        self.threads[-1].start()
-        # Webhooks on a thread of their own, sending from their own bounded pool: a slow
-        # receiver never takes a job thread or delays the dispatcher.
-        self.threads.append(
-            threading.Thread(
-                target=run_webhooks,
-                args=(
-                    rt.webhook_fanout,
-                    rt.webhook_sender,
-                    self.stop_event,
-                    conn,
-                    config.outbox_poll_ms / 1000.0,
-                ),
-                name='webhooks',
-                daemon=True,
-            )
-        )
-        self.threads[-1].start()
-        self.threads.append(
-            run_every(
-                'heartbeat',
-                config.heartbeat_ms / 1000.0,
-                self.supervisor.beat,
-                self.stop_event,
-                conn,
-            )
-        )
-        self.threads.append(
-            run_every(
-                'cancel-signals',
-                0.2,
-                self.supervisor.check_cancel_signals,
-                self.stop_event,
-                _no_connection,
-            )
-        )
+        self._first_beat()
         if self.with_maintenance:
-            self.threads.append(
-                run_every(
-                    'reaper',
-                    config.reaper_interval_ms / 1000.0,
-                    rt.reaper.sweep,
-                    self.stop_event,
-                    conn,
-                )
-            )
-            self.threads.append(
-                run_every(
-                    'reconciler',
-                    config.reconcile_after_ms / 2000.0,
-                    rt.reconciler.sweep,
-                    self.stop_event,
-                    conn,
-                )
+            # The first attempt at the lease before anything else: a process alone leads at once.
+            first_wait = self.leadership.step()
+            self._thread('leader', self.leadership.run, self.stop_event, first_wait)
+        lead = self.leadership.held
+        self._thread('dispatcher', rt.dispatcher.run, self.stop_event, conn, lead)
+        # Webhooks on a thread of their own, sending from their own bounded pool: a slow
+        # receiver never takes a job thread or delays the dispatcher. Every process sends; the
+        # leader alone fans out.
+        self._thread(
+            'webhooks',
+            run_webhooks,
+            rt.webhook_fanout,
+            rt.webhook_sender,
+            self.stop_event,
+            conn,
+            config.outbox_poll_ms / 1000.0,
+            lead,
+        )
+        heartbeat_s = config.heartbeat_ms / 1000.0
+        self._every('lock-extension', heartbeat_s, self.supervisor.extend_held_locks, conn)
+        self._every('heartbeat', heartbeat_s, self.supervisor.refresh_consumer_key, _no_connection)
+        self._every('cancel-signals', 0.2, self.supervisor.check_cancel_signals, _no_connection)
+        if self.with_maintenance:
+            self._every('reaper', config.reaper_interval_ms / 1000.0, rt.reaper.sweep, conn, lead)
+            self._every(
+                'reconciler', config.reconcile_after_ms / 2000.0, rt.reconciler.sweep, conn, lead
             )
             # A queue that lost its data (Redis restarted empty) is noticed within a second.
-            self.threads.append(
-                run_every(
-                    'queue-epoch',
-                    QUEUE_EPOCH_CHECK_S,
-                    rt.reconciler.check_epoch,
-                    self.stop_event,
-                    conn,
-                )
-            )
-            self.threads.append(
-                run_every(
-                    'purger',
-                    config.purge_interval_ms / 1000.0,
-                    rt.purger.sweep,
-                    self.stop_event,
-                    conn,
-                )
-            )
+            self._every('queue-epoch', QUEUE_EPOCH_CHECK_S, rt.reconciler.check_epoch, conn, lead)
+            self._every('purger', config.purge_interval_ms / 1000.0, rt.purger.sweep, conn, lead)
         for pool in self.pools:
             pool.start()
         log_event(
@@ -281,6 +315,27 @@ class Worker:
             instance=rt.instance_id,
             interactive=config.interactive_concurrency,
             background=config.background_concurrency,
+            leader=self.leadership.held(),
+        )
+
+    def _first_beat(self):
+        """The consumer key before the pools take anything, so no reaper takes this consumer
+        for dead. A queue that is down, failing over or still electing its cluster's slots does
+        not stop the worker: the heartbeat loop tries every AIJOB_HEARTBEAT_MS, and the pools
+        retry their pops."""
+        try:
+            self.supervisor.refresh_consumer_key()
+        except QueueUnavailableError as exc:
+            log_event('worker.first_heartbeat_failed', logging.WARNING, error=str(exc))
+
+    def _thread(self, name, target, *args):
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _every(self, name, interval_s, step, connection, active=None):
+        self.threads.append(
+            run_every(name, interval_s, step, self.stop_event, connection, active=active)
         )
 
     def stop(self, grace_s):
@@ -299,6 +354,7 @@ class Worker:
         self.runtime.webhook_sender.wake.set()
         for thread in self.threads:
             thread.join(2.0)
+        self.leadership.release()
         log_event(
             'worker.stopped',
             instance=self.runtime.instance_id,

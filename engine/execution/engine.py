@@ -7,11 +7,13 @@ fenced by the lock this worker took (architecture decision 3); losing it mid-way
 attempt without writing anything.
 """
 
+import functools
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 
+from ..core import metrics
 from ..core.errors import (
     AiJobError,
     IllegalTransitionError,
@@ -24,6 +26,8 @@ from ..core.errors import (
     OutputValidationError,
     UnknownJobTypeError,
 )
+from ..core.groupcommit import GroupCommit
+from ..core.history import progress_milestone
 from ..core.lifecycle import CANCELLED, FAILED, SUCCEEDED, Fence
 from ..core.logs import log_event
 from ..core.models import AiJob, canonical_hash
@@ -51,8 +55,11 @@ class Attempt:
     fence: Fence
     snapshot: dict = None  # the job's frozen {"input", "overrides"}, read with the lock
     retries_used: int = 0  # provider calls retried so far, this attempt's and earlier ones'
+    milestone: int = 0  # the last progress milestone this attempt wrote to the history
     cancel_event: threading.Event = field(default_factory=threading.Event)
     abandoned: bool = False
+    internal_retries: int = 0  # retries after an internal error (bounded apart)
+    defer_success: bool = False  # a success returns a _Success for the caller to commit
     started: float = field(default_factory=time.monotonic)
 
     def abandon(self):
@@ -64,6 +71,20 @@ class Attempt:
             raise AttemptAbandoned(self.job.id)
         if self.cancel_event.is_set():
             raise JobCancelledError('cancel requested')
+
+
+class _Success:
+    """A job whose provider call succeeded and whose PROJECT transaction is still to commit:
+    ``work`` is that transaction's work, for a group commit; ``write_alone`` writes it in a
+    transaction of its own (``execute``'s path, refusals included)."""
+
+    def __init__(self, engine, a, resolved, output, usage, latency_ms, call_no):
+        self.attempt = a
+        self.resolved = resolved
+        self.args = (a, resolved, usage, latency_ms, call_no)  # for _projection_failed
+        self.ready_at = time.monotonic()
+        self.work = engine._projection(a, resolved, output, usage, latency_ms, call_no)
+        self.write_alone = lambda: engine._project(a, resolved, output, usage, latency_ms, call_no)
 
 
 @dataclass
@@ -86,6 +107,7 @@ class ExecutionEngine:
         self.ai = runtime.ai
         self.instance_id = instance_id
         self.lock_ttl_ms = runtime.config.lock_ttl_ms
+        self.group_commit = GroupCommit(self.store)
         self.held = {}  # job id -> Attempt, watched by the supervisor
         self._held_lock = threading.Lock()
         # A unit of database work on this thread's connection. A pooled database (MySQL) gives
@@ -110,34 +132,126 @@ class ExecutionEngine:
                 )
             except (JobNotFoundError, JobLockConflictError, IllegalTransitionError):
                 return None  # gone, running elsewhere, or already finished
-            try:
-                definition = self.registry.get(job.job_type)
-            except UnknownJobTypeError:
-                definition = None
-            attempt = Attempt(job, definition, Fence(self.instance_id, job.attempt_no), snapshot)
-            attempt.retries_used = job.retry_count
-            with self._held_lock:
-                self.held[job_id] = attempt
-            try:
-                resolved = self._resolve(attempt)
-            except JobFailure as failure:  # no definition here, credentials, routing
-                resolved = failure
-            except BaseException:
-                self._release_held(job_id)
-                raise
+            attempt, resolved = self._prepare(job, snapshot)
         try:
             return self._run(attempt, resolved)
         finally:
             self._release_held(job_id)
 
+    def execute_batch(self, job_ids, flush_after_s=0.05, on_job_ran=None):
+        """``execute`` for several jobs popped together: one lock statement for all of them,
+        then each run in turn on this thread; the final writes of the jobs that succeed are
+        committed together (with other threads' through group commit) once the batch is done
+        or ``flush_after_s`` after the first was ready. Returns {job id: status} (None as in
+        ``execute``; jobs this call could not lock are left out). ``on_job_ran(seconds)`` hears
+        how long each job ran, its lock and final commit left out."""
+        statuses = {}
+        with self._unit():
+            locked = self.lifecycle.lock_jobs(job_ids, self.instance_id, self.lock_ttl_ms)
+            prepared = []
+            try:
+                for job, snapshot in locked:
+                    prepared.append(self._prepare(job, snapshot, defer_success=True))
+            except BaseException:
+                for job, _ in locked:
+                    self._release_held(job.id)
+                raise
+        ready = []  # successes whose final write waits for the group's commit
+        try:
+            for attempt, resolved in prepared:
+                if ready and time.monotonic() - ready[0].ready_at > flush_after_s:
+                    statuses.update(self._commit_successes(ready))
+                    ready = []
+                started = time.monotonic()
+                outcome = self._run(attempt, resolved)
+                if on_job_ran is not None:
+                    on_job_ran(time.monotonic() - started)
+                if isinstance(outcome, _Success):
+                    ready.append(outcome)
+                else:
+                    statuses[attempt.job.id] = outcome
+                    self._release_held(attempt.job.id)
+            if ready:
+                statuses.update(self._commit_successes(ready))
+        finally:  # after an error too: no job of the batch stays held (and heartbeated) here
+            for attempt, _ in prepared:
+                self._release_held(attempt.job.id)
+        return statuses
+
+    def _prepare(self, job, snapshot, defer_success=False):
+        """A locked job becomes an Attempt held by this worker (the supervisor heartbeats it from
+        now on) and is RESOLVEd: returns (attempt, Resolved or the JobFailure that stopped it)."""
+        try:
+            definition = self.registry.get(job.job_type)
+        except UnknownJobTypeError:
+            definition = None
+        attempt = Attempt(job, definition, Fence(self.instance_id, job.attempt_no), snapshot)
+        if job.attempt_no == 1 and job.started_at is not None:
+            wait_s = (job.started_at - job.created_at).total_seconds()
+            metrics.job_started(job.job_type, job.queue_name, wait_s)
+        attempt.retries_used = job.retry_count
+        attempt.defer_success = defer_success
+        with self._held_lock:
+            self.held[job.id] = attempt
+        try:
+            resolved = self._resolve(attempt)
+        except JobFailure as failure:  # no definition here, credentials, routing
+            resolved = failure
+        except BaseException:
+            self._release_held(job.id)
+            raise
+        return attempt, resolved
+
+    def _commit_successes(self, ready):
+        """The final writes of ``ready`` (each a _Success) in one group commit. A job whose
+        work failed there goes on exactly as ``execute`` would after that PROJECT transaction
+        failed (its work was rolled back, the others' committed). Returns {job id: status}."""
+        try:
+            with self._unit():
+                outcomes = self.group_commit.run([success.work for success in ready])
+        except Exception as exc:  # no connection to be had: each job waits out the outage alone
+            if not self.store.is_unreachable(exc):
+                raise
+            outcomes = [exc] * len(ready)
+        statuses = {}
+        for success, outcome in zip(ready, outcomes, strict=True):
+            a = success.attempt
+            if outcome is None:
+                statuses[a.job.id] = self._complete(a, SUCCEEDED, None)
+            elif self.store.is_unreachable(outcome):
+                statuses[a.job.id] = self._run(a, success.resolved, success.write_alone)
+            else:
+                statuses[a.job.id] = self._run(
+                    a, success.resolved, lambda s=success, exc=outcome: self._resume(s, exc)
+                )
+            self._release_held(a.job.id)
+        return statuses
+
+    def _resume(self, success, exc):
+        """After ``success``'s PROJECT work raised ``exc`` in a group: its usage row, then on
+        as ``_run_attempts`` goes on after a failed projection (a retry, or the failure)."""
+        a, resolved = success.attempt, success.resolved
+        a.defer_success = False  # from here on, this job writes alone
+        try:
+            self._until_written(a, lambda: self._projection_failed(*success.args, exc))
+        except JobCancelledError:
+            raise
+        except JobFailure as failure:
+            return self._run_attempts(a, resolved, failure)
+
     def _release_held(self, job_id):
         with self._held_lock:
             self.held.pop(job_id, None)
 
-    def _run(self, a, resolved):
+    def _run(self, a, resolved, step=None):
+        """Run ``step()`` (by default: every attempt of the provider call and what follows) and
+        turn how it ended into the job's terminal write; returns the status reached, None when
+        the attempt was abandoned, or a _Success whose write the caller commits."""
         try:
             if isinstance(resolved, JobFailure):  # RESOLVE failed
                 return self._fail(a, resolved)
+            if step is not None:
+                return step()
             return self._run_attempts(a, resolved)
         except JobCancelledError:
             if a.abandoned:
@@ -172,40 +286,59 @@ class ExecutionEngine:
         return Resolved(a.snapshot['input'], credential, provider, model, projector)
 
     # ------------------------------------------------------------ EXECUTE, with retries
-    def _run_attempts(self, a, resolved):
-        if a.definition.security.content_safety_check:
-            self.ai.safety.check(resolved.input, 'input')  # once: the input cannot change
-        a.retries_used = a.job.retry_count
-        internal_retries = 0
-        fresh_lock = True  # the lock's own row just said: no cancel requested
+    def _run_attempts(self, a, resolved, failure=None):
+        """Provider calls until one succeeds and is projected, or the retries run out.
+        ``failure``: go on after a call whose projection failed in a group commit, as if
+        that call had just failed here."""
+        if failure is None:
+            if a.definition.security.content_safety_check:
+                self.ai.safety.check(resolved.input, 'input')  # once: the input cannot change
+            a.retries_used = a.job.retry_count
+        fresh_lock = failure is None  # the lock's own row just said: no cancel requested
         while True:
-            self._check_cancel(a, read_store=not fresh_lock)
-            fresh_lock = False
-            try:
-                output, usage, latency_ms = self._call(a, resolved, a.retries_used + 1)
-                return self._project(a, resolved, output, usage, latency_ms, a.retries_used + 1)
-            except JobCancelledError:
-                raise
-            except JobFailure as failure:
-                abort_strategy = a.definition.execution.abort_strategy
-                if (
-                    not failure.may_retry(abort_strategy, internal_retries)
-                    or a.retries_used >= a.job.max_retry_count
-                ):
-                    return self._fail(a, failure)
-                delay_s = a.definition.execution.retry_backoff.delay_ms(a.retries_used + 1) / 1000.0
-                delay_s = max(delay_s, failure.retry_after_s or 0)
-                log_event(
-                    'job.retry_scheduled',
-                    job_id=a.job.id,
-                    call=a.retries_used + 1,
-                    error_code=failure.code,
-                    delay_s=round(delay_s, 2),
-                )
-                self._wait(a, delay_s)
-                a.retries_used += 1
-                internal_retries += isinstance(failure, InternalJobError)
-                self._until_written(a, lambda: self.lifecycle.count_retry(a.job.id, a.fence))
+            if failure is None:
+                self._check_cancel(a, read_store=not fresh_lock)
+                fresh_lock = False
+                try:
+                    output, usage, latency_ms = self._call(a, resolved, a.retries_used + 1)
+                    args = (a, resolved, output, usage, latency_ms, a.retries_used + 1)
+                    if a.defer_success:  # the caller commits it with others (execute_batch)
+                        return _Success(self, *args)
+                    return self._project(*args)
+                except JobCancelledError:
+                    raise
+                except JobFailure as exc:
+                    failure = exc
+            abort_strategy = a.definition.execution.abort_strategy
+            if (
+                not failure.may_retry(abort_strategy, a.internal_retries)
+                or a.retries_used >= a.job.max_retry_count
+            ):
+                return self._fail(a, failure)
+            delay_s = a.definition.execution.retry_backoff.delay_ms(a.retries_used + 1) / 1000.0
+            delay_s = max(delay_s, failure.retry_after_s or 0)
+            log_event(
+                'job.retry_scheduled',
+                job_id=a.job.id,
+                call=a.retries_used + 1,
+                error_code=failure.code,
+                delay_s=round(delay_s, 2),
+            )
+            metrics.job_retried(a.job.job_type, failure.code)
+            # Counted (and written to the history) when scheduled, so the backoff shows.
+            schedule = functools.partial(
+                self.lifecycle.count_retry,
+                a.job.id,
+                a.fence,
+                retry_no=a.retries_used + 1,
+                error=failure,
+                backoff_ms=delay_s * 1000,
+            )
+            self._until_written(a, schedule)
+            a.retries_used += 1
+            a.internal_retries += isinstance(failure, InternalJobError)
+            failure = None
+            self._wait(a, delay_s)
 
     def _call(self, a, resolved, call_no):
         """One provider call: generate within the deadline, validate, safety on output. Every
@@ -230,7 +363,7 @@ class ExecutionEngine:
         usage = None
         try:
             try:
-                result = resolved.provider.generate(request, ctx)
+                result = self._generate(resolved, request, ctx)
             except AiJobError:
                 raise
             except Exception as exc:  # a provider bug must not kill the worker
@@ -253,6 +386,24 @@ class ExecutionEngine:
             self._log_usage_now(a, resolved, call_no, usage, started, failure.code)
             raise
 
+    def _generate(self, resolved, request, ctx):
+        """The provider call itself, timed and counted for the metrics."""
+        started = time.monotonic()
+        usage, error_code = None, 'INTERNAL_PROVIDER_ERROR'
+        try:
+            result = resolved.provider.generate(request, ctx)
+            usage, error_code = result.usage, None
+            return result
+        except AiJobError as exc:
+            usage, error_code = getattr(exc, 'usage', None), exc.code
+            raise
+        finally:
+            key = resolved.provider.key or ''
+            cost = self.ai.pricing.cost(key, resolved.model, usage) if usage else None
+            metrics.provider_call(
+                key, resolved.model, error_code, time.monotonic() - started, usage, cost
+            )
+
     def _log_usage_now(self, a, resolved, call_no, usage, started, error_code):
         latency_ms = _ms_since(started)
         self._until_written(
@@ -260,9 +411,14 @@ class ExecutionEngine:
         )
 
     def _set_progress(self, a, percent):
+        percent = max(0, min(100, int(percent)))
+        milestone = progress_milestone(percent)
         try:
             with self._unit():
-                self.lifecycle.set_progress(a.job.id, a.fence, percent)
+                self.lifecycle.set_progress(
+                    a.job.id, a.fence, percent, milestone=milestone > a.milestone
+                )
+            a.milestone = max(a.milestone, milestone)
         except Exception as exc:  # progress is a hint: an outage must not fail the call
             if not self.store.is_unreachable(exc):
                 raise
@@ -322,7 +478,9 @@ class ExecutionEngine:
         )
         return self._complete(a, SUCCEEDED, None)
 
-    def _project_in_unit(self, a, resolved, output, usage, latency_ms, call_no):
+    def _projection(self, a, resolved, output, usage, latency_ms, call_no):
+        """The PROJECT transaction's work, ``work(tx)``: the job succeeds, its output is
+        projected and its call's usage recorded, all or nothing."""
         output_hash = canonical_hash(output)
 
         def work(tx):
@@ -332,23 +490,32 @@ class ExecutionEngine:
             resolved.projector.project(tx, a.job, output)
             self._log_usage(a, resolved, call_no, usage, latency_ms, None)
 
+        return work
+
+    def _project_in_unit(self, a, resolved, output, usage, latency_ms, call_no):
+        work = self._projection(a, resolved, output, usage, latency_ms, call_no)
         try:
             self.store.run_in_transaction(work)
-        except JobCancelledError:  # a cancel request beat the success write: rolled back
+        except Exception as exc:
+            self._projection_failed(a, resolved, usage, latency_ms, call_no, exc)
+
+    def _projection_failed(self, a, resolved, usage, latency_ms, call_no, exc):
+        """A PROJECT transaction raised ``exc`` and rolled back: record its call's usage as
+        it stands, and raise what the job goes on with."""
+        if isinstance(exc, JobCancelledError):  # a cancel request beat the success write
             self._log_usage(a, resolved, call_no, usage, latency_ms, None)
-            raise
-        except JobLockConflictError:  # a zombie: nothing of its result stands, but its cost does
+            raise exc
+        if isinstance(exc, JobLockConflictError):  # a zombie: its result goes, its cost stays
             self._log_usage(a, resolved, call_no, usage, latency_ms, LOCK_LOST)
-            raise
-        except JobFailure:
-            raise
-        except Exception as exc:  # projector or store failure: rolled back
-            if self.store.is_unreachable(exc):
-                raise  # not the projection's fault: written again when the store returns
-            self._log_usage(a, resolved, call_no, usage, latency_ms, 'INTERNAL_PROJECTION_FAILED')
-            raise InternalJobError(
-                'projection failed: %s' % exc.__class__.__name__, code='INTERNAL_PROJECTION_FAILED'
-            ) from exc
+            raise exc
+        if isinstance(exc, JobFailure):
+            raise exc
+        if self.store.is_unreachable(exc):
+            raise exc  # not the projection's fault: written again when the store returns
+        self._log_usage(a, resolved, call_no, usage, latency_ms, 'INTERNAL_PROJECTION_FAILED')
+        raise InternalJobError(
+            'projection failed: %s' % exc.__class__.__name__, code='INTERNAL_PROJECTION_FAILED'
+        ) from exc
 
     # ------------------------------------------------------------ COMPLETE
     def _fail(self, a, failure):
@@ -360,6 +527,7 @@ class ExecutionEngine:
         return self._complete(a, CANCELLED, 'CANCELLED')
 
     def _complete(self, a, status, error_code):
+        metrics.job_finished(a.job.job_type, a.job.queue_name, status, time.monotonic() - a.started)
         log_event(
             'job.finished',
             job_id=a.job.id,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..core.errors import MisconfiguredJobError
 from ..core.models import AiArtifact, canonical_hash
-from ..core.sql import Statement, execute
+from ..core.sql import insert_row
 
 
 @dataclass(frozen=True)
@@ -35,23 +35,12 @@ class ResultProjector:
 
 # Both inserts are idempotent (contracts §6.3): an artifact's id is derived from its job, type and
 # ordinal, so projecting the same job again finds the same keys and writes nothing new.
-_ON_DUPLICATE = {'mysql': ' ON DUPLICATE KEY UPDATE id = id', 'sqlite': ' ON CONFLICT DO NOTHING'}
-_INSERT_ARTIFACT = (
-    'INSERT INTO ai_artifact (id, job_id, artifact_type, content, content_hash, created_at) '
-    'VALUES (%s, %s, %s, %s, %s, {now})'
+INSERT_ARTIFACT = (
+    'INSERT INTO ai_artifact (id, job_id, artifact_type, content, content_hash, created_at) VALUES '
 )
-_INSERT_LINK = (
-    'INSERT INTO ai_job_artifact (job_id, artifact_type, artifact_id, ordinal, created_at) '
-    'VALUES (%s, %s, %s, %s, {now})'
+INSERT_LINK = (
+    'INSERT INTO ai_job_artifact (job_id, artifact_type, artifact_id, ordinal, created_at) VALUES '
 )
-
-
-def _idempotent(insert):
-    return Statement(insert + _ON_DUPLICATE['mysql'], insert + _ON_DUPLICATE['sqlite'])
-
-
-INSERT_ARTIFACT = _idempotent(_INSERT_ARTIFACT)
-INSERT_LINK = _idempotent(_INSERT_LINK)
 
 
 def artifact_id(job_id, artifact_type, ordinal):
@@ -68,7 +57,8 @@ def artifact_id(job_id, artifact_type, ordinal):
 
 def link_artifact(tx, job, ref):
     """Record ``ref`` in ai_job_artifact; a duplicate is an idempotent success (contracts §6.3)."""
-    execute(INSERT_LINK, (job.id, ref.artifact_type, ref.artifact_id, ref.ordinal))
+    params = (job.id, ref.artifact_type, ref.artifact_id, ref.ordinal)
+    insert_row(INSERT_LINK, '(%s, %s, %s, %s, {now})', params, ignore_duplicate=True)
     return ref
 
 
@@ -76,16 +66,14 @@ def store_json_artifact(tx, job, artifact_type, content, ordinal=0):
     """Keep ``content`` as an ai_artifact row linked to the job; the same (job, type, ordinal)
     projected twice keeps the first row and returns the same reference."""
     ref = ArtifactRef(artifact_type, artifact_id(job.id, artifact_type, ordinal), ordinal)
-    execute(
-        INSERT_ARTIFACT,
-        (
-            ref.artifact_id,
-            job.id,
-            artifact_type,
-            AiArtifact.content.db_value(content),
-            canonical_hash(content),
-        ),
+    params = (
+        ref.artifact_id,
+        job.id,
+        artifact_type,
+        AiArtifact.content.db_value(content),
+        canonical_hash(content),
     )
+    insert_row(INSERT_ARTIFACT, '(%s, %s, %s, %s, %s, {now})', params, ignore_duplicate=True)
     return link_artifact(tx, job, ref)
 
 

@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 from peewee import fn
 
 from ..core.models import AiUsageLog
-from ..core.sql import Statement, execute
+from ..core.sql import insert_row
 
 COST_PLACES = Decimal('0.000001')  # ai_usage_log.cost is DECIMAL(14, 6)
 
@@ -75,11 +75,12 @@ class PriceTableCostCalculator:
 GROUPS = {'user': ('userId', AiUsageLog.user_id), 'job_type': ('jobType', AiUsageLog.job_type)}
 
 
-INSERT_USAGE = Statement(
+INSERT_USAGE = (
     'INSERT INTO ai_usage_log (job_id, user_id, job_type, attempt_no, call_no, credential_mode, '
     'provider, model, prompt_tokens, completion_tokens, cost, latency_ms, error_code, created_at) '
-    'VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {now})'
+    'VALUES '
 )
+USAGE_ROW = '(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {now})'
 
 
 def record_usage(job, call_no, provider, model, usage, cost, latency_ms, error_code=None):
@@ -87,8 +88,9 @@ def record_usage(job, call_no, provider, model, usage, cost, latency_ms, error_c
     ``job.attempt_no``; ``usage`` is a providers.Usage. Runs on
     the caller's connection, inside its transaction if it has one (the engine writes the row
     of a successful call in the PROJECT transaction)."""
-    execute(
+    insert_row(
         INSERT_USAGE,
+        USAGE_ROW,
         (
             job.id,
             job.user_id,

@@ -19,6 +19,7 @@ import time
 import bottle
 import peewee
 
+from ..core import metrics
 from ..core.errors import (
     AiJobError,
     ForbiddenError,
@@ -31,22 +32,28 @@ from ..core.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
     StoreUnavailableError,
+    TooManyStreamsError,
     TooManyWaitersError,
     UnauthorizedError,
     UnknownCredentialError,
     UnknownJobTypeError,
     UnsupportedMediaTypeError,
 )
+from ..core.history import JobHistory
 from ..core.lifecycle import RUNNING, TERMINAL
 from ..core.logs import log_event
 from ..core.models import AiJob
 from ..core.service import CreateJobInput
-from ..core.store import OperationalError
+from ..core.store import OperationalError, PoolExhausted
 from ..execution.usage import usage_totals
+from . import history_view, stream, views
 from . import params as admin_jobs
-from . import views
 from .auth import TokenStore, bearer_token
+from .dashboard import Dashboard
+from .metrics_view import CONTENT_TYPE as METRICS_TYPE
+from .metrics_view import MetricsAccess, scrape
 from .openapi import build_openapi
+from .openapi_dashboard import dashboard_paths
 from .openapi_push import push_paths, push_schemas
 from .webhook_views import WebhookEndpoints
 
@@ -130,6 +137,9 @@ class _Guard:
             bottle.request.environ['aijob.request_timeout_s'] = self.request_timeout_s
             result = self._run(callback, uses_db, args, kwargs)
             _access_log(route, result.status_code, started, kwargs.get('job_id'))
+            metrics.http_request(
+                route.method, route.rule, result.status_code, time.monotonic() - started
+            )
             return result
 
         return guarded
@@ -144,7 +154,7 @@ class _Guard:
             return error_reply(exc)
         except (KeyboardInterrupt, SystemExit, MemoryError):
             raise
-        except (OperationalError, peewee.InterfaceError):
+        except (OperationalError, peewee.InterfaceError, PoolExhausted):
             # The driver's error stays here; the client only learns that it may try again.
             log_event('http.store_unavailable', logging.WARNING, exc_info=True)
             return error_reply(StoreUnavailableError())
@@ -351,8 +361,8 @@ def usage_query(params, now):
     group_by = params.get('groupBy') or 'user'
     if group_by not in USAGE_GROUPS:
         raise InvalidRequestError('groupBy must be user or jobType', field='groupBy')
-    until = admin_jobs.parse_time(params.get('until'), 'until') or now
-    since = admin_jobs.parse_time(params.get('since'), 'since') or until - datetime.timedelta(
+    until = admin_jobs.parse_rfc3339(params.get('until'), 'until') or now
+    since = admin_jobs.parse_rfc3339(params.get('since'), 'since') or until - datetime.timedelta(
         days=1
     )
     return since, until, group_by  # since >= until: an empty range, no totals
@@ -400,13 +410,20 @@ class Watch:
     """The ``?waitMs=`` requests of this process, capped per process and per user, and one loop
     that re-reads all their jobs' status columns in one query per poll interval (not one per
     waiter) and wakes the waiters whose job changed. A waiter holds no database connection while
-    it waits. Under gevent the loop is a greenlet; in the in-process test client, a thread."""
+    it waits. Under gevent the loop is a greenlet; in the in-process test client, a thread.
 
-    def __init__(self, store, poll_s, max_waiters, max_per_user):
+    The job streams (stream.py) have a watch of their own: ``read`` is then what they wait on (the
+    latest history id of each job), and ``too_many`` their 429."""
+
+    def __init__(
+        self, store, poll_s, max_waiters, max_per_user, read=None, too_many=TooManyWaitersError
+    ):
         self.store = store
         self.poll_s = poll_s
         self.max_waiters = max_waiters
         self.max_per_user = max_per_user
+        self.read = read or self._read
+        self.too_many = too_many
         self._lock = threading.Lock()
         self._by_job = {}  # job id -> set of _Waiter
         self._per_user = {}
@@ -425,7 +442,7 @@ class Watch:
         with self._lock:
             mine = self._per_user.get(user_id, 0)
             if self._count >= self.max_waiters or mine >= self.max_per_user:
-                raise TooManyWaitersError()
+                raise self.too_many()
             waiter = _Waiter(job_id, user_id)
             self._count += 1
             self._per_user[user_id] = mine + 1
@@ -456,7 +473,7 @@ class Watch:
                     self._loop = None
                     return
             try:
-                rows = self._read(job_ids)
+                rows = self.read(job_ids)
             except Exception:
                 # Every waiter re-reads on its own instead and answers 503 if the store is gone.
                 log_event('http.watch_failed', logging.WARNING, exc_info=True)
@@ -476,6 +493,7 @@ class Watch:
             time.sleep(self.poll_s)
 
     def _read(self, job_ids):
+        """{job id: its status columns}: what a ``?waitMs=`` request waits on."""
         rows = {}
         with self.store.connection():
             for start in range(0, len(job_ids), WATCH_CHUNK):
@@ -500,14 +518,23 @@ class Api:
             runtime.config.max_waiters,
             runtime.config.max_waiters_per_user,
         )
+        self.streams = Watch(
+            runtime.store,
+            self.wait_poll_s,
+            runtime.config.max_streams,
+            runtime.config.max_streams_per_user,
+            read=stream.watch_reader(runtime.store),
+            too_many=TooManyStreamsError,
+        )
         job_types = sorted(d.job_type for d in runtime.registry.get_all())
         self.openapi = build_openapi(
             runtime.registry,
-            push_paths(),
+            dict(push_paths(), **dashboard_paths()),
             push_schemas(job_types),
             prompt_versions=runtime.ai.prompt_versions,
         )
         self.push = WebhookEndpoints(runtime)
+        self.metrics_access = MetricsAccess(runtime.store, runtime.config.metrics_token)
 
     # -- auth
     def caller(self):
@@ -612,6 +639,50 @@ class Api:
             body, etag = self.status_with_etag(job, refs)
         return body, etag
 
+    def stream_job(self, job_id):
+        """The job's live event stream (stream.py). Everything that can be refused is refused
+        here, as a JSON error, before the first byte of the stream; the route holds no database
+        connection while the stream runs (``db=False``)."""
+        with self.store.connection():
+            principal = self.caller()
+            after_id = stream.parse_last_event_id(_header('Last-Event-ID'))
+            fresh = after_id is None
+            if fresh:
+                # The latest event id before the status (READ COMMITTED): a change committed
+                # between the two reads is in the status and is also sent as the next event,
+                # never lost.
+                after_id = stream.latest_event_ids([job_id]).get(job_id, 0)
+            job, refs = self.visible_status(job_id, principal)
+            ended = job.lifecycle_status in TERMINAL
+            if not fresh and ended and not JobHistory(self.store).list(job_id, after_id, 1):
+                # Nothing after the client's last event and nothing will come: 204 tells an
+                # EventSource to stop reconnecting.
+                return bottle.HTTPResponse(status=204, headers={'Cache-Control': 'no-store'})
+        opening = None
+        if fresh:
+            opening = stream.message('status', self.status_body(job, refs), after_id)
+        waiter = self.streams.enter(job_id, principal.user_id)
+        config = self.runtime.config
+        settings = (config.stream_heartbeat_ms / 1000.0, config.stream_max_s, GONE_CHECK_S)
+        environ = bottle.request.environ
+        body = stream.JobStream(
+            self.store,
+            self.streams,
+            waiter,
+            after_id,
+            opening,
+            settings,
+            lambda: _client_gone(environ),
+            fresh and ended,
+        )
+        log_event('http.stream_opened', job_id=job_id, user_id=principal.user_id)
+        headers = {
+            'Content-Type': stream.CONTENT_TYPE,
+            'Cache-Control': 'no-store',
+            'X-Accel-Buffering': 'no',  # a proxy in front must pass each event on at once
+        }
+        return bottle.HTTPResponse(body=body, status=200, headers=headers)
+
     def status_body(self, job, refs=None):
         """JobStatusResponse; ``refs`` when the caller read them with the job already."""
         if refs is None and job.lifecycle_status == 'succeeded':
@@ -627,6 +698,15 @@ class Api:
         job = self.visible_job(job_id, self.caller())
         return reply(views.artifact_contents(job))
 
+    def get_events(self, job_id):
+        """The job's transition history (architecture decision 14), oldest first: the owner's
+        view (no worker ids, no internal messages), or everything for SUPER_ADMIN."""
+        principal = self.caller()
+        job = self.visible_job(job_id, principal)
+        after, limit = history_view.parse_query(_query())
+        body = history_view.job_events(self.store, job, after, limit, full=principal.is_admin)
+        return reply(body)
+
     def cancel_job(self, job_id):
         principal = self.caller()
         job = self.visible_job(job_id, principal, admin_sees_all=False)
@@ -634,10 +714,23 @@ class Api:
         log_event('job.cancel', job_id=job.id, job_type=job.job_type, status=job.lifecycle_status)
         return reply(self.status_body(job), 202 if job.lifecycle_status == RUNNING else 200)
 
+    def list_jobs(self):
+        """The caller's own jobs, newest first: the admin list's filters and cursor, always
+        restricted to the caller (a userId filter is refused, not honoured)."""
+        principal = self.caller()
+        params = _query()
+        if 'userId' in params:
+            raise InvalidRequestError('userId is for the admin list only', field='userId')
+        query = admin_jobs.parse_query(dict(params, userId=principal.user_id), strict=True)
+        jobs, next_cursor = admin_jobs.list_jobs(query)
+        refs = views.artifact_refs([job.id for job in jobs if job.lifecycle_status == 'succeeded'])
+        items = [views.job_status(job, refs.get(job.id, ())) for job in jobs]
+        return reply({'items': items, 'nextCursor': next_cursor, 'limit': query.limit})
+
     # -- admin endpoints
     def admin_list_jobs(self):
         self.admin()
-        query = admin_jobs.parse_query(_query())
+        query = admin_jobs.parse_query(_query(), strict=True)
         jobs, next_cursor = admin_jobs.list_jobs(query)
         refs = views.artifact_refs([job.id for job in jobs if job.lifecycle_status == 'succeeded'])
         items = [views.admin_job(job, refs.get(job.id, ())) for job in jobs]
@@ -737,7 +830,12 @@ class Api:
         return reply({'status': 'ok'})
 
     def readyz(self):
-        checks = {'database': _check(self.store.ping), 'queue': _check(self.runtime.queue.ping)}
+        # A write-free query on the store; a write on the queue, wherever its shards live (a
+        # read-only replica or a lost master answers a ping but takes no job).
+        checks = {
+            'database': _check(self.store.ping),
+            'queue': _check(self.runtime.queue.check_ready),
+        }
         if all(value == 'ok' for value in checks.values()):
             return reply({'status': 'ready', 'checks': checks})
         not_ready = NotReadyError()
@@ -747,6 +845,16 @@ class Api:
 
     def openapi_document(self):
         return reply(self.openapi)
+
+    def metrics(self):
+        """The Prometheus scrape (README "Metrics"): admin token or AIJOB_METRICS_TOKEN."""
+        principal = self.metrics_access.check(_header('Authorization'))
+        bottle.request.environ['aijob.principal'] = principal
+        return bottle.HTTPResponse(
+            body=scrape(self.runtime),
+            status=200,
+            headers={'Content-Type': METRICS_TYPE, 'Cache-Control': 'no-store'},
+        )
 
 
 def _check(ping):
@@ -766,8 +874,11 @@ def create_app(runtime):
     app.aijob_api = api  # the server reaches the watch through it
     routes = (
         ('POST', '/api/ai/jobs', api.create_job, True),
+        ('GET', '/api/ai/jobs', api.list_jobs, True),
         ('GET', '/api/ai/jobs/<job_id>', api.get_job, False),  # takes its own connections
         ('GET', '/api/ai/jobs/<job_id>/artifacts', api.get_artifacts, True),
+        ('GET', '/api/ai/jobs/<job_id>/stream', api.stream_job, False),  # its own connections
+        ('GET', '/api/ai/jobs/<job_id>/events', api.get_events, True),
         ('POST', '/api/ai/jobs/<job_id>/cancel', api.cancel_job, True),
         ('GET', '/admin-api/ai/jobs', api.admin_list_jobs, True),
         ('POST', '/admin-api/ai/jobs/<job_id>/retry', api.admin_retry_job, True),
@@ -789,7 +900,9 @@ def create_app(runtime):
         ('GET', '/healthz', api.healthz, False),
         ('GET', '/readyz', api.readyz, False),
         ('GET', '/openapi.json', api.openapi_document, False),
+        ('GET', '/metrics', api.metrics, True),
     )
+    routes += Dashboard(runtime).routes()
     for method, path, callback, uses_db in routes:
         app.route(path, method, callback, db=uses_db)
     return app

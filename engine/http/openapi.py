@@ -4,10 +4,12 @@ drift from what the API really answers."""
 
 import re
 
+from ..core import history
 from ..core.errors import public_error_codes
 from ..core.lifecycle import LEGACY_STATUS_TO_LIFECYCLE, Status
 from ..core.registry import QUEUE_NAMES, first_error
 from ..execution.credentials import MAX_KEY_CHARS, PROVIDER_PATTERN
+from . import history_view
 from .params import CURSOR_PATTERN, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 
 STATUSES = [status.value for status in Status]
@@ -85,6 +87,35 @@ def _query_param(name, description, schema=None):
     }
 
 
+def _list_params(user_filter):
+    """The query parameters of a job list (engine/http/params.py)."""
+    params = [
+        _query_param('jobType', 'Only this job type.'),
+        _query_param(
+            'lifecycleStatus',
+            'Comma-separated statuses: %s; legacy names %s are accepted.'
+            % (', '.join(STATUSES), ', '.join(LEGACY_STATUS_TO_LIFECYCLE)),
+            {'type': 'string', 'pattern': _list_pattern(STATUS_NAMES)},
+        ),
+        _query_param('queueName', 'Only this queue.', {'enum': list(QUEUE_NAMES)}),
+        _query_param('userId', 'Only this user.'),
+        _query_param('createdFrom', 'Created at or after (RFC 3339).', TIME),
+        _query_param('createdTo', 'Created before (RFC 3339).', TIME),
+        _query_param(
+            'limit',
+            'Page size (default %d).' % DEFAULT_PAGE_SIZE,
+            {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE_SIZE},
+        ),
+        _query_param(
+            'cursor',
+            "The nextCursor of the previous page: MICROS.JOB_ID, the last job's createdAt in "
+            'microseconds since 1970 (UTC) and its id.',
+            {'type': 'string', 'pattern': CURSOR_PATTERN},
+        ),
+    ]
+    return [p for p in params if user_filter or p['name'] != 'userId']
+
+
 def _schemas(definitions, prompt_versions):
     job_status = {
         'type': 'object',
@@ -153,6 +184,44 @@ def _schemas(definitions, prompt_versions):
             'properties': {'artifactType': {'type': 'string'}, 'artifactId': {'type': 'string'}},
         },
         'CreateJobRequest': _create_job_request(definitions, prompt_versions),
+        'JobEvent': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['id', 'jobId', 'kind', 'attemptNo', 'detail', 'at'],
+            'properties': {
+                'id': {
+                    'type': 'integer',
+                    'description': 'Increases across all jobs: page and resume after it.',
+                },
+                'jobId': {'type': 'string'},
+                'kind': {'enum': list(history.KINDS)},
+                'attemptNo': {
+                    'type': 'integer',
+                    'minimum': 0,
+                    'description': "The job's lock count when it happened (0: never locked).",
+                },
+                'detail': {
+                    'type': 'object',
+                    'description': 'Per kind (README "Job history"). worker, dispatcher, '
+                    'internalMessage: SUPER_ADMIN only.',
+                },
+                'at': TIME,
+            },
+        },
+        'JobEventList': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['jobId', 'lifecycleStatus', 'events', 'nextAfter'],
+            'properties': {
+                'jobId': {'type': 'string'},
+                'lifecycleStatus': {'enum': STATUSES},
+                'events': {'type': 'array', 'items': _ref('JobEvent')},
+                'nextAfter': {
+                    'type': ['integer', 'null'],
+                    'description': 'The last event id when more may follow (pass it as after).',
+                },
+            },
+        },
         'ArtifactList': {
             'type': 'object',
             'additionalProperties': False,
@@ -177,6 +246,19 @@ def _schemas(definitions, prompt_versions):
                         },
                     },
                 },
+            },
+        },
+        'JobList': {
+            'type': 'object',
+            'additionalProperties': False,
+            'required': ['items', 'nextCursor', 'limit'],
+            'properties': {
+                'items': {'type': 'array', 'items': _ref('JobStatusResponse')},
+                'nextCursor': {
+                    'type': ['string', 'null'],
+                    'description': 'Pass as `cursor` for the next page; null on the last page.',
+                },
+                'limit': {'type': 'integer'},
             },
         },
         'AdminJobList': {
@@ -355,6 +437,14 @@ def _job_paths():
     job_id = _job_id_param()
     return {
         '/api/ai/jobs': {
+            'get': {
+                'summary': "The caller's own jobs, newest first (the admin list's filters, "
+                'without userId).',
+                'parameters': _list_params(user_filter=False),
+                'responses': dict(
+                    {'200': _json('One page.', _ref('JobList'))}, **_errors(400, 401, 503)
+                ),
+            },
             'post': {
                 'summary': 'Create a job for the caller (idempotent with a key).',
                 'parameters': [
@@ -379,7 +469,7 @@ def _job_paths():
                     },
                     **_errors(400, 401, 408, 413, 415, 422, 429, 503),
                 ),
-            }
+            },
         },
         '/api/ai/jobs/{jobId}': {
             'get': {
@@ -423,6 +513,29 @@ def _job_paths():
                 ),
             }
         },
+        '/api/ai/jobs/{jobId}/events': {
+            'get': {
+                'summary': "The job's transition history, oldest first (owner: public view; "
+                'SUPER_ADMIN: everything).',
+                'parameters': [
+                    job_id,
+                    _query_param(
+                        'after',
+                        'Only events with a greater id.',
+                        {'type': 'integer', 'minimum': 0},
+                    ),
+                    _query_param(
+                        'limit',
+                        'At most this many events (default %d).' % history_view.DEFAULT_LIMIT,
+                        {'type': 'integer', 'minimum': 1, 'maximum': history_view.MAX_LIMIT},
+                    ),
+                ],
+                'responses': dict(
+                    {'200': _json('The events.', _ref('JobEventList'))},
+                    **_errors(400, 401, 404, 503),
+                ),
+            }
+        },
         '/api/ai/jobs/{jobId}/cancel': {
             'post': {
                 'summary': 'Cancel a job (owner only).',
@@ -447,31 +560,7 @@ def _admin_paths():
         '/admin-api/ai/jobs': {
             'get': {
                 'summary': 'List jobs, newest first (SUPER_ADMIN).',
-                'parameters': [
-                    _query_param('jobType', 'Only this job type.'),
-                    _query_param(
-                        'lifecycleStatus',
-                        'Comma-separated statuses: %s; legacy names %s '
-                        'are accepted.'
-                        % (', '.join(STATUSES), ', '.join(LEGACY_STATUS_TO_LIFECYCLE)),
-                        {'type': 'string', 'pattern': _list_pattern(STATUS_NAMES)},
-                    ),
-                    _query_param('queueName', 'Only this queue.', {'enum': list(QUEUE_NAMES)}),
-                    _query_param('userId', 'Only this user.'),
-                    _query_param('createdFrom', 'Created at or after (RFC 3339).', TIME),
-                    _query_param('createdTo', 'Created before (RFC 3339).', TIME),
-                    _query_param(
-                        'limit',
-                        'Page size (default %d).' % DEFAULT_PAGE_SIZE,
-                        {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE_SIZE},
-                    ),
-                    _query_param(
-                        'cursor',
-                        "The nextCursor of the previous page: MICROS.JOB_ID, the last job's "
-                        'createdAt in microseconds since 1970 (UTC) and its id.',
-                        {'type': 'string', 'pattern': CURSOR_PATTERN},
-                    ),
-                ],
+                'parameters': _list_params(user_filter=True),
                 'responses': dict(
                     {'200': _json('One page.', _ref('AdminJobList'))}, **_errors(400, 401, 403, 503)
                 ),
@@ -566,18 +655,35 @@ def _operations_paths():
         },
         '/readyz': {
             'get': {
-                'summary': 'The database and the queue answer.',
+                'summary': 'The database answers a query and the queue takes a write on every '
+                'shard (a read-only replica, a wrong node or a lost master is not ready).',
                 'security': [],
                 'responses': dict(
                     {
                         '200': _json('Ready.', _ref('Health')),
                         '503': _json(
-                            'NOT_READY: a dependency is unreachable; `checks` says which.',
+                            'NOT_READY: a dependency is unreachable or refuses writes; `checks` '
+                            'says which.',
                             _ref('Error'),
                             RETRY_AFTER,
                         ),
                     },
                     **{'500': _errors()['500']},
+                ),
+            }
+        },
+        '/metrics': {
+            'get': {
+                'summary': 'Prometheus metrics, text exposition format (SUPER_ADMIN, or the '
+                'AIJOB_METRICS_TOKEN bearer).',
+                'responses': dict(
+                    {
+                        '200': {
+                            'description': 'The scrape.',
+                            'content': {'text/plain': {'schema': {'type': 'string'}}},
+                        }
+                    },
+                    **_errors(401, 403, 503),
                 ),
             }
         },
@@ -619,7 +725,10 @@ def build_openapi(registry, extra_paths=None, extra_schemas=None, prompt_version
         'security': [{'bearerAuth': []}],
         'paths': paths,
         'components': {
-            'securitySchemes': {'bearerAuth': {'type': 'http', 'scheme': 'bearer'}},
+            'securitySchemes': {
+                'bearerAuth': {'type': 'http', 'scheme': 'bearer'},
+                'dashboardSession': {'type': 'apiKey', 'in': 'cookie', 'name': 'aijob_session'},
+            },
             'schemas': schemas,
         },
     }

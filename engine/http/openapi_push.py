@@ -198,5 +198,45 @@ def _delivery_paths():
     }
 
 
+def _stream_paths():
+    return {
+        '/api/ai/jobs/{jobId}/stream': {
+            'get': {
+                'summary': 'Server-sent events of one job (owner or SUPER_ADMIN) until it ends.',
+                'description': 'A fresh stream opens with `event: status` (the JobStatusResponse, '
+                'its id the latest event id), then one event per change, named by its kind '
+                '(created, dispatched, started, progress, retry_scheduled, taken_over, '
+                'cancel_requested, succeeded, failed, cancelled, ...), data `{id, jobId, kind, '
+                'attemptNo, detail, at}`, then the final `event: status`, then it ends. With '
+                'Last-Event-ID only the events after it are sent. Idle: a comment line every '
+                'AIJOB_STREAM_HEARTBEAT_MS; closed after AIJOB_STREAM_MAX_S.',
+                'parameters': [
+                    _path_param('jobId'),
+                    {
+                        'name': 'Last-Event-ID',
+                        'in': 'header',
+                        'required': False,
+                        'schema': {'type': 'string', 'pattern': '^[0-9]{1,19}$'},
+                        'description': 'Resume after this event.',
+                    },
+                ],
+                'responses': dict(
+                    {
+                        '200': {
+                            'description': 'The stream (text/event-stream).',
+                            'content': {'text/event-stream': {'schema': {'type': 'string'}}},
+                        },
+                        '204': {
+                            'description': 'Resumed after the last event of a job that has '
+                            'ended: nothing more will come.'
+                        },
+                    },
+                    **_errors(400, 401, 404, 429, 503),
+                ),
+            }
+        },
+    }
+
+
 def push_paths():
-    return dict(_webhook_paths(), **_delivery_paths())
+    return dict(_webhook_paths(), **_delivery_paths(), **_stream_paths())

@@ -70,8 +70,10 @@ class JobQuery:
     after: Optional[tuple] = None  # from the cursor: (created_at or None for a v1 cursor, id)
 
 
-def parse_query(params):
-    """A JobQuery from query-string parameters (``{name: value}``); 400 naming the bad one."""
+def parse_query(params, strict=False):
+    """A JobQuery from query-string parameters (``{name: value}``); 400 naming the bad one.
+    ``strict`` (the API) takes RFC 3339 times only; the dashboard's form sends datetime-local."""
+    times = parse_rfc3339 if strict else parse_time
     unknown = sorted(set(params) - set(PARAMETERS))
     if unknown:
         raise InvalidRequestError(
@@ -88,8 +90,8 @@ def parse_query(params):
         statuses=_statuses(params.get('lifecycleStatus')),
         queue_name=queue_name,
         user_id=params.get('userId') or None,
-        created_from=parse_time(params.get('createdFrom'), 'createdFrom'),
-        created_to=parse_time(params.get('createdTo'), 'createdTo'),
+        created_from=times(params.get('createdFrom'), 'createdFrom'),
+        created_to=times(params.get('createdTo'), 'createdTo'),
         limit=_limit(params.get('limit')),
         after=decode_cursor(params.get('cursor')),
     )
@@ -191,22 +193,34 @@ def _statuses(raw):
 
 
 def parse_time(raw, name):
-    """An RFC 3339 date-time (the document's ``format: date-time``) as naive UTC; None when
-    absent. A time that is valid but outside what UTC can hold (0001-01-01T00:00:00+14:00,
-    9999-12-31T23:59:59-14:00) is the first or last representable instant."""
-    if raw is None:
+    """An ISO-8601 time (the dashboard's datetime-local fields too) as naive UTC; None when
+    empty. A time outside what UTC can hold (0001-01-01T00:00:00+14:00) is the first or last
+    representable instant."""
+    if not raw:
         return None
-    message = '%s must be an RFC 3339 time such as 2026-06-20T00:00:00Z' % name
-    if not _RFC3339.match(raw):
-        raise InvalidRequestError(message, field=name)
+    message = '%s must be an ISO-8601 time such as 2026-06-20T00:00:00Z' % name
     try:
-        value = datetime.datetime.fromisoformat(raw.upper().replace('Z', '+00:00'))
+        value = datetime.datetime.fromisoformat(raw.strip().upper().replace('Z', '+00:00'))
     except ValueError:
         raise InvalidRequestError(message, field=name) from None
+    if value.tzinfo is None:
+        return value
     try:
         return value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
     except OverflowError:
         return datetime.datetime.min if value.year == 1 else datetime.datetime.max
+
+
+def parse_rfc3339(raw, name):
+    """The API's times: RFC 3339 date-times only (the document's ``format: date-time``: a full
+    time with an offset), None when absent."""
+    if raw is None:
+        return None
+    if not _RFC3339.match(raw):
+        raise InvalidRequestError(
+            '%s must be an RFC 3339 time such as 2026-06-20T00:00:00Z' % name, field=name
+        )
+    return parse_time(raw, name)
 
 
 def _limit(raw):

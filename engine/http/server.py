@@ -17,6 +17,7 @@ The ``worker`` process is not gunicorn and keeps real threads.
 import gc
 import json
 import math
+import os
 import signal
 import socket
 import time
@@ -24,6 +25,7 @@ import time
 import gunicorn.util
 from gunicorn.app.base import BaseApplication
 
+from ..core import metrics
 from ..core.errors import (
     ExpectationFailedError,
     ForbiddenError,
@@ -35,6 +37,7 @@ from ..core.errors import (
 from ..core.logs import configure as configure_logging
 from ..core.logs import gunicorn_logconfig, log_event
 from ..core.models import database
+from ..core.redis_url import parse_redis_url
 from ..runtime import Runtime
 from .app import create_app
 from .auth import TokenStore
@@ -167,6 +170,7 @@ class AijobGunicorn(BaseApplication):
         gunicorn.util.write_error = write_json_error
         self.cfg.set('worker_exit', self._worker_exit)
         self.cfg.set('post_fork', self._post_fork)
+        self.cfg.set('child_exit', _child_exit)
 
     def load(self):
         """Runs in each worker process, after the fork (and after gevent patched it)."""
@@ -196,13 +200,33 @@ class AijobGunicorn(BaseApplication):
             self.runtime.close()
 
 
+def _child_exit(server, worker):
+    """In the master, when a worker has gone: its live metric files go (its counts stay)."""
+    metrics.worker_exited(worker.pid)
+
+
+def run_gunicorn(config, options, with_background=False):
+    """Serve with gunicorn, every worker writing its metrics into one directory that any worker
+    sums at a scrape (README "Metrics"); a directory made here is removed at the end."""
+    directory, made_here = metrics.use_multiprocess_dir()
+    master = os.getpid()
+    resolve_lazy_objects()
+    try:
+        AijobGunicorn(config, options, with_background=with_background).run()
+    finally:
+        # A worker leaves through here too (gunicorn's SystemExit unwinds the forked stack):
+        # only the master, last out, removes the directory.
+        if made_here and os.getpid() == master:
+            metrics.remove_multiprocess_dir(directory)
+
+
 def gunicorn_options(config, host, port, workers):
     """gunicorn's settings for ``web`` and ``serve`` (and the benchmarks' floor app)."""
     return {
         'bind': '%s:%d' % (host, port),
         'workers': workers,
         'worker_class': 'gevent',
-        'worker_connections': config.max_waiters + SPARE_CONNECTIONS,
+        'worker_connections': config.max_waiters + config.max_streams + SPARE_CONNECTIONS,
         'timeout': WORKER_TIMEOUT_S,
         'graceful_timeout': config.shutdown_grace_ms // 1000 + 5,
         'keepalive': max(1, min(KEEPALIVE_S, math.ceil(config.request_timeout_ms / 1000))),
@@ -217,9 +241,7 @@ def gunicorn_options(config, host, port, workers):
 def run_web(config, host, port, workers):
     """``python aijob.py web``: the API only; workers run nothing in the background."""
     configure_logging()
-    options = gunicorn_options(config, host, port, workers)
-    resolve_lazy_objects()
-    AijobGunicorn(config, options).run()
+    run_gunicorn(config, gunicorn_options(config, host, port, workers))
 
 
 def run_serve(config, host, port):
@@ -239,13 +261,11 @@ def run_serve(config, host, port):
         % (
             url,
             config.database_url.split('://', 1)[0],
-            'redis' if config.uses_redis else 'in-memory',
+            parse_redis_url(config.redis_url).describe() if config.uses_redis else 'in-memory',
         ),
         flush=True,
     )
     print('development admin token (user dev-admin, SUPER_ADMIN):', flush=True)
     print(token, flush=True)
     log_event('serve.starting', url=url)
-    options = gunicorn_options(config, host, port, 1)
-    resolve_lazy_objects()
-    AijobGunicorn(config, options, with_background=True).run()
+    run_gunicorn(config, gunicorn_options(config, host, port, 1), with_background=True)

@@ -10,6 +10,8 @@
   ``job_body``, ``poll_until``, ``run_to_running``, ``run_to_failed``, ``JOBS``, ``ADMIN_JOBS``.
 - ``tests.support.fake_openai``: the loopback OpenAI-compatible server (``fake`` fixture),
   ``Reply``, ``json_reply``, ``error_reply``.
+- ``tests.support.dashboard``: ``FormClient`` (the dashboard in-process, with cookies and forms)
+  and the ``chromium`` fixture (Playwright; a missing browser skips locally, fails under CI).
 - ``tests.support.wsgi``: the in-process WSGI client and the OpenAPI response check.
 - ``tests.support.helpers``: ``create_job``, ``new_request``, ``wait_until``, ``run_threads``,
   ``row``.

@@ -31,6 +31,7 @@ FAST_SETTINGS = {
     'AIJOB_OUTBOX_RELEASE_MS': '300',
     'AIJOB_RECONCILE_AFTER_MS': '500',
     'AIJOB_SHUTDOWN_GRACE_MS': '3000',
+    'AIJOB_LEADER_LEASE_MS': '1000',
 }
 
 # A platform provider that is configured (so AI job types are available) but never answers.

@@ -131,6 +131,212 @@ def private_redis(tmp_path):
     server.stop()
 
 
+def require_binaries(*names):
+    """Skip (locally) or fail (under CI=true) unless every named program is installed."""
+    from tests.support.backends import IN_CI
+
+    missing = [name for name in names if not shutil.which(name)]
+    if missing:
+        message = 'not installed: %s' % ', '.join(missing)
+        if IN_CI:
+            pytest.fail('CI requires ' + message)
+        pytest.skip(message)
+
+
+def redis_port():
+    """A free port below 55536 (a cluster node's bus port is its port + 10000)."""
+    port = free_port()
+    while port >= 55536:
+        port = free_port()
+    return port
+
+
+class RedisProcess:
+    """One redis-server (or, with ``sentinel=True``, a sentinel) of the test's own, without
+    persistence, on a free port; its configuration file lives in ``folder``. ``kill()`` is a
+    kill -9; ``start()`` runs it again on the same port."""
+
+    def __init__(self, folder, *args, sentinel=False, port=None):
+        self.port = port or redis_port()
+        self.folder = folder / ('redis-%d' % self.port)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.args = list(args)
+        self.sentinel = sentinel
+        self.process = None
+
+    @property
+    def address(self):
+        return '127.0.0.1:%d' % self.port
+
+    def client(self, **options):
+        import redis
+
+        return redis.Redis(port=self.port, socket_timeout=5, socket_connect_timeout=1, **options)
+
+    def start(self, timeout_s=30):
+        import redis
+
+        config = self.folder / 'redis.conf'
+        if not config.exists():  # a sentinel rewrites its file; a restart keeps what it learnt
+            lines = ['port %d' % self.port, 'bind 127.0.0.1', 'dir %s' % self.folder]
+            if not self.sentinel:
+                lines += ['save ""', 'appendonly no']
+            config.write_text('\n'.join(lines + self.args) + '\n')
+        command = ['redis-server', str(config)] + (['--sentinel'] if self.sentinel else [])
+        self.log = open(self.folder / 'log', 'ab')
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.client().ping()
+                return self
+            except redis.RedisError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise
+                time.sleep(0.05)
+
+    def kill(self):
+        """kill -9."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(30)
+        self.process = None
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+        self.process = None
+        if getattr(self, 'log', None):
+            self.log.close()
+
+
+class PrivateRedisCluster:
+    """A Redis Cluster of ``masters`` primaries (no replicas) on free ports, the slots split
+    evenly; ``url`` is its redis+cluster:// URL with every node as a seed."""
+
+    def __init__(self, folder, masters=3):
+        self.nodes = [
+            RedisProcess(folder, 'cluster-enabled yes', 'cluster-node-timeout 2000')
+            for _ in range(masters)
+        ]
+
+    @property
+    def url(self):
+        return 'redis+cluster://' + ','.join(node.address for node in self.nodes)
+
+    def start(self, timeout_s=30):
+        for node in self.nodes:
+            node.start()
+        step = 16384 // len(self.nodes)
+        for i, node in enumerate(self.nodes):
+            last = 16383 if i == len(self.nodes) - 1 else (i + 1) * step - 1
+            node.client().execute_command('CLUSTER ADDSLOTSRANGE', i * step, last)
+        for node in self.nodes[1:]:
+            node.client().execute_command('CLUSTER MEET', '127.0.0.1', self.nodes[0].port)
+        deadline = time.monotonic() + timeout_s
+        while not all(self._ok(node) for node in self.nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError('the cluster did not come up')
+            time.sleep(0.1)
+        return self
+
+    def _ok(self, node):
+        info = node.client(decode_responses=True).cluster('info')
+        known = int(info.get('cluster_known_nodes', 0))
+        return info.get('cluster_state') == 'ok' and known == len(self.nodes)
+
+    def stop(self):
+        for node in self.nodes:
+            node.stop()
+
+
+class SentinelGroup:
+    """A master, ``replicas`` replicas and ``sentinels`` sentinels watching it as ``service``
+    (failover after 1 s down); ``url`` is its redis+sentinel:// URL."""
+
+    def __init__(self, folder, replicas=1, sentinels=3, service='aijob'):
+        self.service = service
+        self.master = RedisProcess(folder)
+        self.replicas = [RedisProcess(folder) for _ in range(replicas)]
+        quorum = sentinels // 2 + 1
+        self.sentinels = [
+            RedisProcess(
+                folder,
+                'sentinel monitor %s 127.0.0.1 %d %d' % (service, self.master.port, quorum),
+                'sentinel down-after-milliseconds %s 1000' % service,
+                'sentinel failover-timeout %s 5000' % service,
+                'sentinel parallel-syncs %s 1' % service,
+                sentinel=True,
+            )
+            for _ in range(sentinels)
+        ]
+        self.data_nodes = [self.master] + self.replicas
+
+    @property
+    def url(self):
+        nodes = ','.join(s.address for s in self.sentinels)
+        return 'redis+sentinel://%s/%s' % (nodes, self.service)
+
+    def start(self, timeout_s=30):
+        self.master.start()
+        for replica in self.replicas:
+            replica.args.append('replicaof 127.0.0.1 %d' % self.master.port)
+            replica.start()
+        for sentinel in self.sentinels:
+            sentinel.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._settled():
+            if time.monotonic() > deadline:
+                raise RuntimeError('the sentinels did not see the replicas')
+            time.sleep(0.1)
+        return self
+
+    def _settled(self):
+        for replica in self.replicas:
+            link = replica.client(decode_responses=True).info('replication')
+            if link.get('master_link_status') != 'up':
+                return False
+        for sentinel in self.sentinels:
+            client = sentinel.client(decode_responses=True)
+            if len(client.sentinel_slaves(self.service)) < len(self.replicas):
+                return False
+            if len(client.sentinel_sentinels(self.service)) < len(self.sentinels) - 1:
+                return False
+        return True
+
+    def master_port(self):
+        """The master's port as the first answering sentinel names it."""
+        for sentinel in self.sentinels:
+            try:
+                return int(sentinel.client().sentinel_get_master_addr_by_name(self.service)[1])
+            except Exception:
+                continue
+        return None
+
+    def agreed_master_port(self):
+        """The master's port if every sentinel names the same one, else None (just after a
+        failover they learn it one by one)."""
+        ports = set()
+        for sentinel in self.sentinels:
+            try:
+                ports.add(int(sentinel.client().sentinel_get_master_addr_by_name(self.service)[1]))
+            except Exception:
+                return None
+        return ports.pop() if len(ports) == 1 else None
+
+    def node_on(self, port):
+        return next(node for node in self.data_nodes if node.port == port)
+
+    def stop(self):
+        for process in self.sentinels + self.data_nodes:
+            process.stop()
+
+
 class ServeProcess:
     """A real ``python aijob.py serve`` on a free port, in ``folder``, with ``env`` over the test
     process's environment. ``base`` is its URL; ``stop()`` sends SIGTERM and waits."""

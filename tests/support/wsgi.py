@@ -66,10 +66,14 @@ class OpenApiCheck:
                 template,
                 response,
             )
-            schema = documented.get('content', {}).get('application/json', {}).get('schema')
+            content = documented.get('content', {})
+            schema = content.get('application/json', {}).get('schema')
             if schema is not None:
                 assert response.headers.get('content-type', '').startswith('application/json')
                 self._validate(schema, response)
+            elif content:  # not JSON (text/plain metrics): the documented media type
+                media_type = response.headers.get('content-type', '').split(';')[0].strip()
+                assert media_type in content, (method, template, media_type)
             else:
                 assert response.body == b'', response
         self.checked += 1
@@ -79,6 +83,21 @@ class OpenApiCheck:
         jsonschema.Draft202012Validator(root).validate(response.json)
 
 
+class OpenStream:
+    """A response whose body is read as it comes: ``chunks`` yields the application's chunks;
+    ``close()`` ends it the way a server does when the client goes away."""
+
+    def __init__(self, status, headers, chunks):
+        self.status = status
+        self.headers = {name.lower(): value for name, value in headers}
+        self._chunks = chunks
+        self.chunks = iter(chunks)
+
+    def close(self):
+        if hasattr(self._chunks, 'close'):
+            self._chunks.close()
+
+
 class WsgiClient:
     def __init__(self, app, token=None, check=None):
         self.app = app
@@ -86,8 +105,17 @@ class WsgiClient:
         self.check = check
 
     def request(
-        self, method, path, json_body=None, body=None, headers=None, query=None, content_type=None
+        self,
+        method,
+        path,
+        json_body=None,
+        body=None,
+        headers=None,
+        query=None,
+        content_type=None,
+        stream=False,
     ):
+        """The response, its body read to the end; with ``stream``, an OpenStream instead."""
         if json_body is not None:
             body = json.dumps(json_body).encode('utf-8')
             content_type = content_type or 'application/json'
@@ -115,6 +143,8 @@ class WsgiClient:
             environ['HTTP_AUTHORIZATION'] = 'Bearer ' + self.token
         for name, value in (headers or {}).items():
             environ['HTTP_' + name.upper().replace('-', '_')] = value
+        if stream:
+            return self._open(environ)
         response = self._call(environ)
         assert not LEAK.search(response.body.decode('utf-8', 'replace')), response
         if self.check is not None:
@@ -134,6 +164,15 @@ class WsgiClient:
             if hasattr(chunks, 'close'):
                 chunks.close()
         return Response(captured['status'], captured['headers'], body)
+
+    def _open(self, environ):
+        captured = {}
+
+        def start_response(status, headers, exc_info=None):
+            captured['status'], captured['headers'] = int(status.split()[0]), headers
+
+        chunks = self.app(environ, start_response)
+        return OpenStream(captured['status'], captured['headers'], chunks)
 
     def get(self, path, **kw):
         return self.request('GET', path, **kw)

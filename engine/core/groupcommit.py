@@ -1,0 +1,135 @@
+"""Group commit: the final transactions of jobs finished by several threads, coalesced into one.
+
+Each commit waits for the disk (the database flushes its log), so a worker whose threads each
+commit every job spends most of its time waiting for flushes one after another. Here the first
+thread to arrive commits, in one transaction, the work of every thread that arrived while the
+previous group was committing; the others wait for that commit and return with it. A job's
+writes are still committed before its caller goes on (and before anyone can see them): only the
+number of commits changes, not what each one holds.
+
+A work that raises is taken out of its group: the transaction rolls back, the exception becomes
+that work's outcome (as if it had run alone in a transaction that failed), and the rest of the
+group runs again without it. A deadlock retries the whole group; a store that cannot be reached
+fails every work left (each caller then waits out the outage on its own).
+"""
+
+import contextlib
+import functools
+import logging
+import threading
+
+from .logs import log_event
+from .sql import rows_together
+
+
+class _Rollback(Exception):
+    """One work failed: roll the group's transaction back."""
+
+
+class _RowsFailed(Exception):
+    """The rows the works wrote together failed, and no one work can be named for it."""
+
+
+class _Ticket:
+    __slots__ = ('works', 'outcomes', 'done')
+
+    def __init__(self, works):
+        self.works = works
+        self.outcomes = [None] * len(works)  # per work: None (committed) or the error it raised
+        self.done = False  # its group ended
+
+
+class GroupCommit:
+    def __init__(self, store):
+        self.store = store
+        self._cond = threading.Condition()
+        self._waiting = []  # tickets for the next group
+        self._leading = False  # a group is committing now
+        self.groups = 0  # committed groups and the works they held, for the benchmark
+        self.works = 0
+
+    def run(self, works):
+        """Run every ``work(tx)`` of ``works`` inside one transaction, shared with the works other
+        threads submit meanwhile. Returns one outcome per work once its transaction ended:
+        None when it committed, else the exception it raised (nothing of it was written). Call
+        it inside a unit of database work (the leader commits on its thread's connection)."""
+        if self.store.in_transaction():  # the caller's transaction: no one else's work joins it
+            return [self._alone(work) for work in works]
+        ticket = _Ticket(list(works))
+        with self._cond:
+            self._waiting.append(ticket)
+            while not ticket.done and self._leading:
+                self._cond.wait()
+            if ticket.done:  # another thread led the group that held it
+                return ticket.outcomes
+            self._leading = True
+            group, self._waiting = self._waiting, []
+        try:
+            self._commit(group)
+        except BaseException as exc:  # the leader's own failure ends every work of its group
+            for member in group:
+                member.outcomes = [exc] * len(member.works)
+            raise
+        finally:
+            with self._cond:
+                for member in group:
+                    member.done = True
+                self._leading = False
+                self._cond.notify_all()
+        return ticket.outcomes
+
+    def _alone(self, work):
+        try:
+            with self.store.atomic() as tx:
+                work(tx)
+        except Exception as exc:
+            return exc
+        return None
+
+    def _commit(self, group):
+        left = [(member, i) for member in group for i in range(len(member.works))]
+        together = True
+        while left:
+            try:
+                self.store.run_in_transaction(functools.partial(self._all, left, together))
+            except _RowsFailed:
+                together = False  # again, each work's rows written at once: the culprit shows
+                continue
+            except _Rollback as rollback:
+                member, i, exc = rollback.args
+            except Exception as exc:  # the store: every work left fails with it
+                for member, i in left:
+                    member.outcomes[i] = exc
+                return
+            else:
+                self.groups += 1
+                self.works += len(left)
+                return
+            member.outcomes[i] = exc
+            left.remove((member, i))
+            log_event(
+                'group_commit.work_failed',
+                logging.INFO,
+                works=len(left) + 1,
+                error_type=exc.__class__.__name__,
+            )
+
+    def _all(self, left, together, tx):
+        """Every work of ``left`` in the transaction ``tx``, their rows written ``together``
+        (sql.rows_together: one INSERT per statement for the whole group); the first work that
+        raises rolls it back (_Rollback names it)."""
+        try:
+            with rows_together() if together else contextlib.nullcontext():
+                for member, i in left:
+                    try:
+                        member.works[i](tx)
+                    except Exception as exc:
+                        if self.store.is_transient(exc) or self.store.is_unreachable(exc):
+                            raise  # the transaction's trouble, not this work's
+                        raise _Rollback(member, i, exc) from exc
+        except _Rollback:
+            raise
+        except Exception as exc:
+            if self.store.is_transient(exc) or self.store.is_unreachable(exc):
+                raise
+            raise _RowsFailed() from exc

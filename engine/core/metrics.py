@@ -1,0 +1,221 @@
+"""Prometheus metrics: the counters and histograms the engine moves as it works (README
+"Metrics"). The gauges read from the store and the queue at scrape time live beside the scrape
+(engine/dispatch/scrape.py); this module only counts.
+
+Every family is made once per process, on first use, outside prometheus_client's global
+registry, so a scrape chooses what to collect: these families themselves in a single process,
+or the files of every process under ``PROMETHEUS_MULTIPROC_DIR`` when gunicorn runs several
+workers (``use_multiprocess_dir``, called by the server before it forks).
+
+The hot path pays one dict lookup and one increment per event: a family's children are cached
+by their label values (``labels()`` would validate and lock each time).
+"""
+
+import os
+import shutil
+import tempfile
+import threading
+
+from prometheus_client import Counter, Histogram, values
+
+MULTIPROC_ENV = 'PROMETHEUS_MULTIPROC_DIR'
+
+# Seconds: jobs and provider calls run from milliseconds to minutes.
+JOB_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+# Requests, long polls (waitMs up to 30 s) included.
+HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Family:
+    """One metric family and its children, cached by label values."""
+
+    def __init__(self, kind, name, help_text, labels, **options):
+        self.kind, self.name, self.help_text = kind, name, help_text
+        self.labelnames, self.options = tuple(labels), options
+        self.metric = None
+        self._children = {}
+        self._lock = threading.Lock()
+
+    def child(self, *label_values):
+        found = self._children.get(label_values)
+        if found is not None:
+            return found
+        with self._lock:
+            if self.metric is None:
+                self.metric = self.kind(
+                    self.name, self.help_text, self.labelnames, registry=None, **self.options
+                )
+            found = self._children[label_values] = self.metric.labels(*label_values)
+        return found
+
+    def reset(self):
+        """Forget the children (their values were made for another process or another
+        directory; a fork or a new multiprocess directory starts from the files)."""
+        with self._lock:
+            self.metric = None
+            self._children = {}
+
+
+JOBS_CREATED = Family(
+    Counter, 'aijob_jobs_created', 'Jobs created (replays excluded).', ('job_type', 'queue')
+)
+JOBS_FINISHED = Family(
+    Counter,
+    'aijob_jobs_finished',
+    'Jobs that reached a terminal state, by outcome (succeeded, failed, cancelled).',
+    ('job_type', 'queue', 'outcome'),
+)
+JOB_DURATION = Family(
+    Histogram,
+    'aijob_job_duration_seconds',
+    'Run time of the attempt that finished a job: from its lock to its terminal write.',
+    ('job_type', 'queue', 'outcome'),
+    buckets=JOB_BUCKETS,
+)
+QUEUE_WAIT = Family(
+    Histogram,
+    'aijob_job_queue_wait_seconds',
+    "From a job's creation to its first lock (database clock).",
+    ('job_type', 'queue'),
+    buckets=JOB_BUCKETS,
+)
+RETRIES = Family(
+    Counter,
+    'aijob_job_retries',
+    'Provider calls retried after a retryable failure, by error code.',
+    ('job_type', 'error_code'),
+)
+PROVIDER_CALLS = Family(
+    Counter,
+    'aijob_provider_calls',
+    'Provider calls, by result (ok or the error code).',
+    ('provider', 'model', 'result'),
+)
+PROVIDER_LATENCY = Family(
+    Histogram,
+    'aijob_provider_call_duration_seconds',
+    'Provider call latency.',
+    ('provider', 'model'),
+    buckets=JOB_BUCKETS,
+)
+PROVIDER_TOKENS = Family(
+    Counter,
+    'aijob_provider_tokens',
+    'Tokens the provider reported, by kind (prompt, completion).',
+    ('provider', 'model', 'kind'),
+)
+PROVIDER_COST = Family(
+    Counter,
+    'aijob_provider_cost',
+    'Cost of provider calls in the currency of AIJOB_PRICE_TABLE.',
+    ('provider', 'model'),
+)
+HTTP_REQUESTS = Family(
+    Counter,
+    'aijob_http_requests',
+    'HTTP requests answered, by route template and status.',
+    ('method', 'route', 'status'),
+)
+HTTP_LATENCY = Family(
+    Histogram,
+    'aijob_http_request_duration_seconds',
+    'HTTP request latency by route template (long polls included).',
+    ('method', 'route'),
+    buckets=HTTP_BUCKETS,
+)
+
+FAMILIES = (
+    JOBS_CREATED,
+    JOBS_FINISHED,
+    JOB_DURATION,
+    QUEUE_WAIT,
+    RETRIES,
+    PROVIDER_CALLS,
+    PROVIDER_LATENCY,
+    PROVIDER_TOKENS,
+    PROVIDER_COST,
+    HTTP_REQUESTS,
+    HTTP_LATENCY,
+)
+
+
+# ---------------------------------------------------------------- what the engine records
+def job_created(job_type, queue):
+    JOBS_CREATED.child(job_type, queue).inc()
+
+
+def job_finished(job_type, queue, outcome, run_s=None):
+    """A terminal transition that committed; ``run_s`` when the finishing worker timed it."""
+    JOBS_FINISHED.child(job_type, queue, outcome).inc()
+    if run_s is not None:
+        JOB_DURATION.child(job_type, queue, outcome).observe(run_s)
+
+
+def job_started(job_type, queue, wait_s):
+    QUEUE_WAIT.child(job_type, queue).observe(max(0.0, wait_s))
+
+
+def job_retried(job_type, error_code):
+    RETRIES.child(job_type, error_code).inc()
+
+
+def provider_call(provider, model, error_code, seconds, usage=None, cost=None):
+    """One provider call: ``error_code`` None when it answered."""
+    provider, model = provider or '', model or ''
+    PROVIDER_CALLS.child(provider, model, error_code or 'ok').inc()
+    PROVIDER_LATENCY.child(provider, model).observe(seconds)
+    if usage is not None:
+        if usage.prompt_tokens:
+            PROVIDER_TOKENS.child(provider, model, 'prompt').inc(usage.prompt_tokens)
+        if usage.completion_tokens:
+            PROVIDER_TOKENS.child(provider, model, 'completion').inc(usage.completion_tokens)
+    if cost:
+        PROVIDER_COST.child(provider, model).inc(float(cost))
+
+
+def http_request(method, route, status, seconds):
+    HTTP_REQUESTS.child(method, route, str(status)).inc()
+    HTTP_LATENCY.child(method, route).observe(seconds)
+
+
+# ---------------------------------------------------------------- processes
+def multiprocess_dir():
+    """The directory of every process's metric files, or None in single-process mode."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def use_multiprocess_dir():
+    """Before gunicorn forks: every process of this server writes its counters to files in one
+    directory, which a scrape of any worker sums. An operator's PROMETHEUS_MULTIPROC_DIR is
+    used as it is; otherwise a fresh temporary one. Files left by an earlier run are removed:
+    their counts belong to processes that are gone. Returns (directory, made_here)."""
+    directory = multiprocess_dir()
+    made_here = directory is None
+    if made_here:
+        directory = tempfile.mkdtemp(prefix='aijob-metrics-')
+    else:
+        os.makedirs(directory, exist_ok=True)
+        for name in os.listdir(directory):
+            if name.endswith('.db'):
+                os.remove(os.path.join(directory, name))
+    os.environ[MULTIPROC_ENV] = directory
+    # prometheus_client picks its value class when it is imported; it was imported before this
+    # process knew it would fork, so it picks again now. The families are made on first use,
+    # so every child made from here on writes to the directory.
+    values.ValueClass = values.get_value_class()
+    for family in FAMILIES:
+        family.reset()
+    return directory, made_here
+
+
+def worker_exited(pid):
+    """gunicorn's child_exit: a dead worker's live gauges go; its counters stay in the sum, so
+    the totals never go back."""
+    if multiprocess_dir() is not None:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)
+
+
+def remove_multiprocess_dir(directory):
+    shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,130 @@
+"""Group commit (engine/core/groupcommit.py): works of several threads in one transaction, a
+failing work taken out alone, and the worker's batches built on it."""
+
+import dataclasses
+import threading
+
+from engine.core.groupcommit import GroupCommit
+from engine.core.history import NewEvent, insert_events
+from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiJobEvent
+from engine.execution.engine import ExecutionEngine
+from tests.support.helpers import create_job
+from tests.support.runtimes import fast_registry
+from tests.test_execution import FlakyProjector, usage_rows
+
+
+def event_work(store, job_id, fail=False):
+    def work(tx):
+        insert_events(store, [NewEvent(job_id, 'progress', 1, {})])
+        if fail:
+            raise ValueError('this work fails after its write')
+
+    return work
+
+
+def events(job_id):
+    return AiJobEvent.select().where(AiJobEvent.job_id == job_id).count()
+
+
+def test_works_of_many_threads_commit_together_and_are_visible_on_return(runtime):
+    store, group = runtime.store, GroupCommit(runtime.store)
+    seen, errors = [], []
+
+    def thread(n):
+        try:
+            with store.connection():
+                works = [event_work(store, 'gc-%d-%d' % (n, i)) for i in range(5)]
+                assert group.run(works) == [None] * 5
+                # committed before run returns: another connection sees every row
+                seen.append(all(events('gc-%d-%d' % (n, i)) == 1 for i in range(5)))
+        except Exception as exc:  # collected for the assertion below
+            errors.append(exc)
+
+    commits_before = store.commit_count()
+    threads = [threading.Thread(target=thread, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and seen == [True] * 8
+    assert group.works == 40 and group.groups == store.commit_count() - commits_before
+    assert group.groups <= 8
+
+
+def test_a_failing_work_is_rolled_back_alone_and_gets_its_error(runtime):
+    store, group = runtime.store, GroupCommit(runtime.store)
+    works = [
+        event_work(store, 'ok-1'),
+        event_work(store, 'bad', fail=True),
+        event_work(store, 'ok-2'),
+    ]
+    with store.connection():
+        outcomes = group.run(works)
+        assert outcomes[0] is None and outcomes[2] is None
+        assert isinstance(outcomes[1], ValueError)
+        assert (events('ok-1'), events('bad'), events('ok-2')) == (1, 0, 1)
+
+
+def test_a_batch_locks_in_one_statement_and_commits_its_results_together(engine_rt):
+    ids = [create_job(engine_rt, input={'output': {'n': i}}).id for i in range(6)]
+    engine = ExecutionEngine(engine_rt, 'worker-batch')
+    commits = engine_rt.store.commit_count()
+    statuses = engine.execute_batch(ids)
+    assert statuses == {job_id: 'succeeded' for job_id in ids}
+    assert engine_rt.store.commit_count() - commits == 2  # the lock, then one group commit
+    for i, job_id in enumerate(ids):
+        job = AiJob.get_by_id(job_id)
+        assert (job.lifecycle_status, job.attempt_no, job.retry_count) == ('succeeded', 1, 0)
+        [link] = AiJobArtifact.select().where(AiJobArtifact.job_id == job_id)
+        assert AiArtifact.get_by_id(link.artifact_id).content == {'n': i}
+    assert engine.held_attempts() == []
+
+
+def test_a_refused_or_failing_result_in_a_batch_goes_on_as_it_would_alone(make_engine_rt):
+    """The first projection fails (a retry follows, as for a job run alone), a job whose cancel
+    was asked before its result ends cancelled, and the others' results stand."""
+    synthetic = fast_registry().get('synthetic')
+    engine_rt = make_engine_rt(dataclasses.replace(synthetic, projector='flaky'))
+    projector = FlakyProjector()
+    engine_rt.ai.projectors.add(projector)
+    ids = [create_job(engine_rt).id for _ in range(4)]
+    engine = ExecutionEngine(engine_rt, 'worker-batch')
+    original = engine._call
+
+    def call_then_cancel_the_third(a, resolved, call_no):
+        result = original(a, resolved, call_no)
+        if a.job.id == ids[2]:
+            engine_rt.lifecycle.request_cancel(ids[2])  # after the call, before the commit
+        return result
+
+    engine._call = call_then_cancel_the_third
+    statuses = engine.execute_batch(ids)
+    assert statuses == {
+        ids[0]: 'succeeded',
+        ids[1]: 'succeeded',
+        ids[2]: 'cancelled',
+        ids[3]: 'succeeded',
+    }
+    first = AiJob.get_by_id(ids[0])
+    assert (first.retry_count, first.attempt_no) == (1, 1)
+    assert [u.error_code for u in usage_rows(ids[0])] == ['INTERNAL_PROJECTION_FAILED', None]
+    for job_id in (ids[1], ids[3]):
+        assert [u.error_code for u in usage_rows(job_id)] == [None]
+        assert AiJobArtifact.select().where(AiJobArtifact.job_id == job_id).count() == 1
+    assert AiJobArtifact.select().where(AiJobArtifact.job_id == ids[2]).count() == 0
+    assert engine.held_attempts() == []
+
+
+def test_a_batch_costs_one_statement_more_per_job_whatever_rows_each_job_writes(engine_rt):
+    """The lock is one statement for the batch, and the rows of every success (artifact, link,
+    usage, terminal event, history) go out as one INSERT per table for the group: a bigger
+    batch adds only each job's own fenced UPDATE."""
+
+    def statements_for(count):
+        ids = [create_job(engine_rt).id for _ in range(count)]
+        engine = ExecutionEngine(engine_rt, 'worker-%d' % count)
+        before = engine_rt.store.statement_count()
+        assert set(engine.execute_batch(ids).values()) == {'succeeded'}
+        return engine_rt.store.statement_count() - before
+
+    assert statements_for(8) - statements_for(2) == 6
