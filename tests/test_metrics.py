@@ -175,7 +175,13 @@ def test_worker_serves_metrics_on_its_own_port(backend, make_runtime, tmp_path):
         admin = TokenStore(runtime.store).create('root', admin=True)
         user = TokenStore(runtime.store).create('someone')
     port = free_port()
-    env = dict(os.environ, **backend.env(AIJOB_METRICS_PORT=str(port)))
+    web_folder = tmp_path / 'web-metrics'  # web's, in a shared environment: not the worker's
+    web_folder.mkdir()
+    env = dict(
+        os.environ,
+        PROMETHEUS_MULTIPROC_DIR=str(web_folder),
+        **backend.env(AIJOB_METRICS_PORT=str(port)),
+    )
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, 'aijob.py'), 'worker'],
         cwd=str(tmp_path),
@@ -208,6 +214,7 @@ def test_worker_serves_metrics_on_its_own_port(backend, make_runtime, tmp_path):
         )
         assert job.id not in body.decode('utf-8')
         assert http_get('http://127.0.0.1:%d/other' % port, admin)[0] == 404
+        assert list(web_folder.iterdir()) == []  # it counted in its own memory
     finally:
         proc.terminate()
         assert proc.wait(30) == 0

@@ -265,28 +265,24 @@ def _client_gone(environ):
     if sock is None:
         return False
     try:
-        if not _readable_now(sock):
+        # poll, not select: select() refuses descriptors above 1023, and a web process holding
+        # a thousand waiting requests has those (each would look gone at once). The unpatched
+        # poll: a zero-timeout system call that never waits, where gevent's would need the hub.
+        poller = _original_poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        if not poller.poll(0):
             return False
         return sock.recv(1, socket.MSG_PEEK) == b''
     except (OSError, ValueError):
         return True
 
 
-def _readable_now(sock):
-    """Whether ``sock`` can be read without waiting. poll(), not select(): select() refuses a
-    descriptor above 1023, which a process holding a thousand polls hands out. gevent's patching
-    removes select.poll, so the original is taken (with a zero timeout it never blocks)."""
-    poller = _original_poll()()
-    poller.register(sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
-    return bool(poller.poll(0))
-
-
 def _original_poll():
-    if _cooperative():
+    try:
         from gevent import monkey
-
-        return monkey.get_original('select', 'poll')
-    return select.poll
+    except ImportError:
+        return select.poll()
+    return monkey.get_original('select', 'poll')()
 
 
 def _check_json_values(body):
