@@ -159,7 +159,8 @@ CREATE TABLE IF NOT EXISTS `ai_job_event` (
   `detail` LONGTEXT NOT NULL,                   -- JSON; engine/core/history.py says who sees what
   `created_at` DATETIME(6) NOT NULL,
   PRIMARY KEY (`id`),
-  KEY `ai_job_event_job_id_id` (`job_id`, `id`)
+  KEY `ai_job_event_job_id_id` (`job_id`, `id`),
+  KEY `ai_job_event_created_at` (`created_at`)  -- the purge of old history
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
 CREATE TABLE IF NOT EXISTS `webhook_endpoint` (

@@ -9,7 +9,9 @@ uses its own database on the local MariaDB (``bench_topologies``, dropped at the
 round runs ``python aijob.py bench`` once per setup, in turn (so the machine's noise spreads
 over all three), and the figures are the medians over the rounds: e2e jobs/s, create→running
 p50/p99, and the ratio of each setup's throughput to one Redis's, per round, then its median.
-Stops only the servers it started, by pid.
+The bench is bound by the database; so each round also times the queue alone
+(``--queue-messages``, 0 to skip): pushes in batches of 100, then 4 consumer threads popping and
+acking every message, in messages per second. Stops only the servers it started, by pid.
 """
 
 import argparse
@@ -20,6 +22,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import uuid
 from urllib.parse import urlsplit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,6 +32,8 @@ sys.path.insert(0, ROOT)
 
 import pymysql  # noqa: E402
 
+from engine.dispatch.queue import Message  # noqa: E402
+from engine.dispatch.redis_queue import RedisQueue  # noqa: E402
 from tests.support.servers import PrivateRedisCluster, RedisProcess  # noqa: E402
 
 DATABASE_URL = 'mysql://root@127.0.0.1:3306/bench_topologies'
@@ -70,6 +77,39 @@ def bench(args, redis_url, shards, prefix):
     return {name: float(found[name]) for name in FIGURES}
 
 
+def queue_only(redis_url, shards, count, consumers=4):
+    """Messages per second through the queue alone: ``count`` pushed in batches of 100, then
+    ``consumers`` threads pop and ack until every one is taken."""
+    queue = RedisQueue(redis_url, prefix='qbench-%s' % uuid.uuid4().hex[:8], shards=shards)
+    messages = [
+        Message.for_job(uuid.uuid4().hex, 'synthetic', 'ai-interactive', 50) for _ in range(count)
+    ]
+    started = time.monotonic()
+    for i in range(0, count, 100):
+        queue.push_many(messages[i : i + 100])
+    pushed = time.monotonic()
+    taken = []
+
+    def consume(n):
+        while len(taken) < count:
+            delivery = queue.pop('ai-interactive', 'qbench-%d' % n, 0.2)
+            if delivery is not None:
+                queue.ack(delivery)
+                taken.append(1)
+
+    threads = [threading.Thread(target=consume, args=(n,)) for n in range(consumers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done = time.monotonic()
+    queue.close()
+    return {
+        'push_per_s': round(count / (pushed - started), 1),
+        'pop_ack_per_s': round(count / (done - pushed), 1),
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--jobs', type=int, default=1000)
@@ -77,6 +117,7 @@ def main():
     parser.add_argument('--concurrency', type=int, default=8)
     parser.add_argument('--sleep-ms', type=int, default=0)
     parser.add_argument('--database-url', default=DATABASE_URL)
+    parser.add_argument('--queue-messages', type=int, default=2000)
     args = parser.parse_args()
 
     folder = pathlib.Path(tempfile.mkdtemp(prefix='aijob-topologies-'))
@@ -88,6 +129,7 @@ def main():
         ('cluster, 4 shards', cluster.url, 4),
     )
     results = {name: [] for name, _, _ in setups}
+    queue_results = {name: [] for name, _, _ in setups}
     database(args.database_url, 'create')
     try:
         for round_no in range(args.rounds):
@@ -95,6 +137,10 @@ def main():
                 figures = bench(args, url, shards, 'bench-%d-%d' % (round_no, i))
                 results[name].append(figures)
                 print('round %d  %-18s %s' % (round_no + 1, name, figures), flush=True)
+            for name, url, shards in setups if args.queue_messages else ():
+                figures = queue_only(url, shards, args.queue_messages)
+                queue_results[name].append(figures)
+                print('round %d  %-18s queue only %s' % (round_no + 1, name, figures), flush=True)
     finally:
         cluster.stop()
         single.stop()
@@ -117,6 +163,23 @@ def main():
                 medians['e2e_jobs_per_s'],
                 medians['create_to_running_p50_ms'],
                 medians['create_to_running_p99_ms'],
+                ratio,
+            )
+        )
+
+    if not args.queue_messages:
+        return
+    print('\nthe queue alone, %d messages, 4 consumer threads, medians:' % args.queue_messages)
+    base = [r['pop_ack_per_s'] for r in queue_results[setups[0][0]]]
+    for name, _, _ in setups:
+        runs = queue_results[name]
+        ratio = statistics.median(r['pop_ack_per_s'] / b for r, b in zip(runs, base, strict=True))
+        print(
+            '  %-18s push_per_s=%.0f  pop_ack_per_s=%.0f  vs one Redis x%.2f'
+            % (
+                name,
+                statistics.median(r['push_per_s'] for r in runs),
+                statistics.median(r['pop_ack_per_s'] for r in runs),
                 ratio,
             )
         )

@@ -219,7 +219,12 @@ def main():
             assert watching
             started = time.monotonic()
             assert cancel(port, token, job_id) in (200, 202)
-            streams.read_until(functools.partial(streams.all_have, watching, DONE), 30)
+            try:
+                streams.read_until(functools.partial(streams.all_have, watching, DONE), 30)
+            except SystemExit:
+                for sock in watching:
+                    print(len(streams.buffers[sock]), streams.buffers[sock][-300:])
+                raise
             change_ms = (time.monotonic() - started) * 1000
             streams.close()
             print(

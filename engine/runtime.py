@@ -6,6 +6,7 @@ import os
 import socket
 
 from .core.errors import ConfigError, QueueUnavailableError
+from .core.history import JobHistory
 from .core.lifecycle import AiJobLifecycleRepository
 from .core.logs import configure as configure_logging
 from .core.logs import log_event
@@ -16,7 +17,7 @@ from .core.store import Store
 from .core.webhook_urls import UrlPolicy
 from .core.webhooks import WebhookRepository
 from .dispatch.dispatcher import OutboxDispatcher
-from .dispatch.housekeeping import Purger, Reaper, Reconciler
+from .dispatch.housekeeping import Purger, Reaper, Reconciler, Retention
 from .dispatch.memory_queue import MemoryQueue
 from .dispatch.redis_queue import RedisQueue
 from .dispatch.webhooks import WebhookFanout, WebhookSender
@@ -95,13 +96,19 @@ class Runtime:
             repush_after_ms=config.reconcile_after_ms,
         )
         self.reconciler = Reconciler(self.lifecycle, self.queue, after_ms=config.reconcile_after_ms)
-        self.purger = Purger(self.service, self.outbox, config.outbox_retention_ms)
         self.service.cancel_signal = self._signal_cancel
         # Push (architecture decision 15): endpoints and deliveries, their URL rule and
         # signatures; the loops run where the workers do.
         self.webhooks = WebhookRepository(self.store)
         self.webhook_policy = UrlPolicy(config.webhook_allow_http, config.webhook_allow_private)
         self.webhook_signer = WebhookSigner(config.credential_master_key)
+        self.purger = Purger(
+            self.service,
+            self.outbox,
+            JobHistory(self.store),
+            self.webhooks,
+            Retention.from_config(config),
+        )
         self.service.webhooks = self.webhooks
         self.service.webhook_policy = self.webhook_policy
         self.webhook_fanout = WebhookFanout(

@@ -509,3 +509,16 @@ def test_bulk_retry_leaves_the_jobs_of_a_user_over_its_limit_for_a_later_run(mak
         retries = AiJob.select().where(AiJob.retry_of_job_id.is_null(False))
         retried = [job.retry_of_job_id for job in retries]
         assert retried == [failed[0].id]
+
+
+def test_a_session_opened_by_one_web_process_holds_in_another(make_runtime):
+    first, second = make_runtime(role='web-1'), make_runtime(role='web-2')
+    with first.store.connection():
+        token = TokenStore(first.store).create('root', admin=True)
+        client = FormClient(create_app(first))
+        assert client.sign_in(token).status == 303
+    with second.store.connection():
+        elsewhere = FormClient(create_app(second))
+        elsewhere.jar.update(client.jar)
+        page = elsewhere.get('/dashboard')
+        assert page.status == 200 and 'root' in page.text

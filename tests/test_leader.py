@@ -21,6 +21,7 @@ from tests.support.api import run_to_running
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS
 from tests.support.servers import free_port
+from tests.test_metrics import scrape, value
 
 
 def lease(rt, holder, ttl_ms=5000):
@@ -191,3 +192,10 @@ def test_a_hand_over_is_pushed_once_while_its_message_waits_for_a_worker(engine_
     time.sleep(0.35)
     assert reaper.sweep()['republished'] == 1  # not taken since: perhaps lost, push again
     assert engine_rt.queue.depth('ai-interactive') - before == 2
+
+
+def test_the_scrape_shows_the_leader_and_the_time_left_on_its_lease(live_api):
+    samples = scrape(live_api.admin)
+    holder = live_api.runtime.instance_id
+    left = value(samples, 'aijob_leader_lease_remaining_seconds', holder=holder)
+    assert 0 < left <= 1.0  # FAST_SETTINGS: a 1 s lease, renewed every third of it

@@ -2,7 +2,7 @@
 parser; the counters move by exactly the jobs a test ran; HTTP metrics are labelled by route
 template; the scrape-time gauges read the store and the queue; anonymous callers and users are
 refused. Real processes: the ``worker``'s AIJOB_METRICS_PORT, and ``web`` with two gunicorn
-workers whose counts one scrape sums."""
+workers whose counts every scrape sums (and whose metrics directory is gone after it stops)."""
 
 import os
 import subprocess
@@ -175,7 +175,13 @@ def test_worker_serves_metrics_on_its_own_port(backend, make_runtime, tmp_path):
         admin = TokenStore(runtime.store).create('root', admin=True)
         user = TokenStore(runtime.store).create('someone')
     port = free_port()
-    env = dict(os.environ, **backend.env(AIJOB_METRICS_PORT=str(port)))
+    web_folder = tmp_path / 'web-metrics'  # web's, in a shared environment: not the worker's
+    web_folder.mkdir()
+    env = dict(
+        os.environ,
+        PROMETHEUS_MULTIPROC_DIR=str(web_folder),
+        **backend.env(AIJOB_METRICS_PORT=str(port)),
+    )
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, 'aijob.py'), 'worker'],
         cwd=str(tmp_path),
@@ -208,6 +214,7 @@ def test_worker_serves_metrics_on_its_own_port(backend, make_runtime, tmp_path):
         )
         assert job.id not in body.decode('utf-8')
         assert http_get('http://127.0.0.1:%d/other' % port, admin)[0] == 404
+        assert list(web_folder.iterdir()) == []  # it counted in its own memory
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
@@ -218,8 +225,10 @@ def test_web_with_two_workers_sums_their_counts_in_every_scrape(backend, make_ru
     with runtime.store.connection():
         admin = TokenStore(runtime.store).create('root', admin=True)
     port = free_port()
-    folder = tmp_path / 'prometheus'
-    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(folder), **backend.env())
+    temp = tmp_path / 'tmp'  # where web makes its metrics directory
+    temp.mkdir()
+    env = dict(os.environ, TMPDIR=str(temp), **backend.env())
+    env.pop('PROMETHEUS_MULTIPROC_DIR', None)
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, 'aijob.py'), 'web', '--port', str(port)]
         + ['--workers', '2'],
@@ -232,6 +241,7 @@ def test_web_with_two_workers_sums_their_counts_in_every_scrape(backend, make_ru
     sent = 0
     try:
         wait_answering(base + '/healthz', proc)
+        (folder,) = temp.glob('aijob-metrics-*')
 
         def both_workers_counted():
             nonlocal sent
@@ -255,3 +265,4 @@ def test_web_with_two_workers_sums_their_counts_in_every_scrape(backend, make_ru
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+    assert list(temp.glob('aijob-metrics-*')) == []  # removed by the master at exit

@@ -47,6 +47,9 @@ def test_no_password_shows_in_a_target_or_its_description():
     assert 'hunter' not in repr(target) and 'hunter' not in target.describe()
     single = parse_redis_url('redis://:hunter2@cache:6380/1')
     assert 'hunter' not in repr(single) and single.describe() == 'redis://cache:6380'
+    assert parse_redis_url('unix:///run/redis.sock').describe() == 'unix:///run/redis.sock'
+    cluster = parse_redis_url('redis+cluster://u:hunter2@a:7000,b:7001')
+    assert cluster.describe() == 'cluster (a:7000,b:7001)'
 
 
 @pytest.mark.parametrize(

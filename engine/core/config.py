@@ -286,10 +286,24 @@ SETTINGS = (
         'Published and dead outbox events older than this are deleted by the purger.',
     ),
     Setting(
+        'AIJOB_HISTORY_RETENTION_MS',
+        str(30 * 24 * 3600 * 1000),
+        positive_int,
+        'History rows (ai_job_event) older than this, of jobs that finished longer ago than '
+        'this, are deleted by the purger.',
+    ),
+    Setting(
+        'AIJOB_WEBHOOK_RETENTION_MS',
+        str(7 * 24 * 3600 * 1000),
+        positive_int,
+        'Delivered and dead webhook deliveries older than this are deleted by the purger.',
+    ),
+    Setting(
         'AIJOB_PURGE_INTERVAL_MS',
         '3600000',
         positive_int,
-        'How often the purger deletes expired snapshots and old outbox events.',
+        'How often the purger deletes expired snapshots, old outbox events, old history rows '
+        'and old webhook deliveries.',
     ),
     Setting(
         'AIJOB_INTERACTIVE_CONCURRENCY',

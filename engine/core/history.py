@@ -10,7 +10,7 @@ import datetime
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .models import AiJobEvent
+from .models import AiJob, AiJobEvent
 from .sql import insert_row, rows_together
 
 # The kinds of event, in the order a job's life usually runs through them.
@@ -127,3 +127,20 @@ class JobHistory:
         if limit is not None:
             query = query.limit(limit)
         return [JobEvent.from_row(row) for row in query]
+
+    def purge_finished(self, older_than_ms, limit=1000):
+        """Delete up to ``limit`` history rows older than ``older_than_ms`` of jobs that finished
+        before then too: a job still queued or running (or finished since) keeps every row, so
+        a history is only ever cut once its job is long done. Returns how many were deleted."""
+        cutoff = self.store.now_plus_ms(-older_than_ms)
+        ids = [
+            row.id
+            for row in AiJobEvent.select(AiJobEvent.id)
+            .join(AiJob, on=(AiJob.id == AiJobEvent.job_id))
+            # finished_at is set by the terminal write only (NULL never compares true)
+            .where((AiJobEvent.created_at < cutoff) & (AiJob.finished_at < cutoff))
+            .limit(limit)
+        ]
+        if not ids:
+            return 0
+        return AiJobEvent.delete().where(AiJobEvent.id.in_(ids)).execute()

@@ -303,30 +303,36 @@ class AiJobLifecycleRepository:
 
         def write(tx):  # the locks and their history rows (one INSERT for all) commit together
             if self.store.dialect == 'sqlite':
-                locked = self._lock_returning(update, params, ids)
+                locked = self._lock_returning(update, params)
             else:
                 locked = self._lock_then_read(update, params, ids, instance_id)
             insert_events(self.store, [lock_event(job, instance_id) for job, _ in locked])
             return locked
 
         locked = self._in_transaction(write)
+        if self.store.dialect == 'sqlite':  # read after the commit: SQLite has one writer
+            locked = self._with_snapshots([job for job, _ in locked])
         order = {job_id: i for i, job_id in enumerate(ids)}
         return sorted(locked, key=lambda pair: order[pair[0].id])
 
-    def _lock_returning(self, update, params, ids):
-        """SQLite: the UPDATE returns exactly the rows it changed; their snapshots follow."""
+    def _lock_returning(self, update, params):
+        """SQLite: the UPDATE returns exactly the rows it changed, as [(job, None)]."""
         returning = ' RETURNING ' + ', '.join(RUN_COLUMNS)
         rows = self.store.execute(statement(update + returning), params).fetchall()
-        if not rows:
+        return [(job_from_row(RUN_COLUMNS, row), None) for row in rows]
+
+    def _with_snapshots(self, jobs):
+        """[(job, snapshot content)] for ``jobs``, their snapshots read in one statement."""
+        if not jobs:
             return []
-        locked_ids = [row[0] for row in rows]
+        ids = [job.id for job in jobs]
         content = AiJobSnapshot.content.python_value
         snapshots = dict(
             self.store.execute(
-                statement(_SELECT_SNAPSHOTS % placeholders(len(locked_ids))), locked_ids
+                statement(_SELECT_SNAPSHOTS % placeholders(len(ids))), ids
             ).fetchall()
         )
-        return [(job_from_row(RUN_COLUMNS, row), content(snapshots.get(row[0]))) for row in rows]
+        return [(job, content(snapshots.get(job.id))) for job in jobs]
 
     def _lock_then_read(self, update, params, ids, instance_id):
         """MariaDB/MySQL: the UPDATE, then one read of the batch's rows this instance holds,
@@ -569,12 +575,17 @@ class AiJobLifecycleRepository:
             ).execute()
 
     def record_worker_lost(self, job):
-        """The reaper hands ``job`` (as it read it: expired lock) to another worker: its history
-        says so once per attempt, however many sweeps push it again before a worker takes it."""
+        """The reaper is about to hand ``job`` (as it read it: lock expired) to another worker:
+        its history says so, once per attempt however many sweeps push it again. The fenced
+        touch of the row checks the lock is still expired at that attempt (else
+        JobLockConflictError: it heartbeated or was taken over meanwhile) and holds the row, so
+        this row always comes before the takeover it leads to. Returns whether it wrote one."""
+        fence = ExpiredLockFence(job.attempt_no, 0)
         detail = {'worker': job.locked_by, 'by': 'reaper'}
         event = NewEvent(job.id, history.WORKER_LOST, job.attempt_no, detail)
 
         def write(tx):
+            self._fenced(job.id, fence, 'updated_at = {now}')
             seen = (
                 AiJobEvent.select(AiJobEvent.id)
                 .where(

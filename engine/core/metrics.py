@@ -208,6 +208,16 @@ def use_multiprocess_dir():
     return directory, made_here
 
 
+def use_single_process():
+    """``python aijob.py worker``: counts in its own memory and serves only them, even when
+    PROMETHEUS_MULTIPROC_DIR is set for the web processes of the same host (a Procfile's
+    environment is shared): summing web's files there would count web's requests twice."""
+    os.environ.pop(MULTIPROC_ENV, None)
+    values.ValueClass = values.get_value_class()
+    for family in FAMILIES:
+        family.reset()
+
+
 def worker_exited(pid):
     """gunicorn's child_exit: a dead worker's live gauges go; its counters stay in the sum, so
     the totals never go back."""

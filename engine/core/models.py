@@ -283,7 +283,10 @@ class AiJobEvent(BaseModel):
 
     class Meta:
         table_name = 'ai_job_event'
-        indexes = ((('job_id', 'id'), False),)
+        indexes = (
+            (('job_id', 'id'), False),
+            (('created_at',), False),  # the purge of old history
+        )
 
 
 class DashboardSession(BaseModel):

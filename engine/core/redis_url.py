@@ -35,6 +35,8 @@ class RedisTarget:
         """The topology without any credential, for logs and the start-up banner."""
         if self.kind == SINGLE:
             parts = urlsplit(self.url)
+            if parts.scheme == 'unix':
+                return 'unix://%s' % parts.path
             return '%s://%s%s' % (parts.scheme, parts.hostname or '', _port(parts))
         nodes = ','.join('%s:%d' % node for node in self.nodes)
         return '%s (%s%s)' % (self.kind, nodes, '/' + self.service if self.service else '')

@@ -22,7 +22,10 @@ from .models import MODELS, database
 # Columns added to a table after it first shipped: (table, column, DDL valid on both dialects).
 ADDED_COLUMNS = (('ai_usage_log', 'call_no', 'INTEGER NOT NULL DEFAULT 1'),)
 # Indexes that came later, likewise: (table, index name, columns).
-ADDED_INDEXES = (('ai_job', 'ai_job_finished_at', 'finished_at'),)
+ADDED_INDEXES = (
+    ('ai_job', 'ai_job_finished_at', 'finished_at'),
+    ('ai_job_event', 'ai_job_event_created_at', 'created_at'),
+)
 
 # Normalised by peewee from both drivers; the rest of the engine uses these names only.
 IntegrityError = peewee.IntegrityError

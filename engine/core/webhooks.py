@@ -222,6 +222,25 @@ class WebhookRepository:
             query = query.where(WebhookDelivery.id < before)
         return list(query.order_by(WebhookDelivery.id.desc()).limit(limit))
 
+    def purge_finished(self, older_than_ms, limit=1000):
+        """Delete up to ``limit`` delivered or dead deliveries last touched ``older_than_ms`` ago;
+        pending and sending ones stay. Returns how many were deleted."""
+        cutoff = self.store.now_plus_ms(-older_than_ms)
+        ids = [
+            row.id
+            for row in WebhookDelivery.select(WebhookDelivery.id)
+            .where(
+                WebhookDelivery.status.in_((DELIVERED, DEAD))
+                # next_attempt_at (at most the end of the last claim) bounds the index range
+                & (WebhookDelivery.next_attempt_at < cutoff)
+                & (WebhookDelivery.updated_at < cutoff)
+            )
+            .limit(limit)
+        ]
+        if not ids:
+            return 0
+        return WebhookDelivery.delete().where(WebhookDelivery.id.in_(ids)).execute()
+
     def redeliver(self, delivery_id):
         """Send a delivery again now, with a fresh attempt budget and the same id. False if it
         is being sent right now (its outcome is not known yet)."""

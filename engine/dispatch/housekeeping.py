@@ -4,6 +4,7 @@ purger, which keeps the snapshot and outbox tables from growing without bound.""
 
 import logging
 import time
+from typing import NamedTuple
 
 from ..core import metrics
 from ..core.errors import (
@@ -96,12 +97,12 @@ class Reaper:
         stuck process: push anyway; the lock CAS lets one worker take over."""
         if self._pushed.get(job.id, (None,))[0] == job.attempt_no:
             return 'waiting'
+        self.lifecycle.record_worker_lost(job)  # before the push: it precedes the takeover
         try:
             self.queue.push(message_for_job(job), force=True)
         except QueueUnavailableError:
             return 'deferred'
         self._pushed[job.id] = (job.attempt_no, time.monotonic())
-        self.lifecycle.record_worker_lost(job)
         log_event(
             'job.worker_lost',
             logging.WARNING,
@@ -156,26 +157,47 @@ class Reconciler:
 
 class Purger:
     """Deletes what nobody needs any more, in batches so no statement holds locks for long: the
-    input snapshots of finished jobs past their ``expires_at`` (contracts §8.4), and outbox events
-    published or dead longer than ``outbox_retention_ms`` ago."""
+    input snapshots of finished jobs past their ``expires_at`` (contracts §8.4), outbox events
+    published or dead longer than ``retention.outbox_ms`` ago, the history rows of jobs finished
+    longer than ``retention.history_ms`` ago, and webhook deliveries delivered or dead longer than
+    ``retention.webhook_ms`` ago."""
 
-    def __init__(self, service, outbox, outbox_retention_ms, batch_size=1000):
+    def __init__(self, service, outbox, history, webhooks, retention, batch_size=1000):
         self.service = service
         self.outbox = outbox
-        self.outbox_retention_ms = outbox_retention_ms
+        self.history = history
+        self.webhooks = webhooks
+        self.retention = retention
         self.batch_size = batch_size
 
     def sweep(self):
-        """One pass, until both tables are clean; returns how many rows of each went."""
+        """One pass, until every table is clean; returns how many rows of each went."""
+        size, keep = self.batch_size, self.retention
         counts = {
-            'snapshots': _drain(lambda: self.service.purge_expired_snapshots(self.batch_size)),
-            'outbox': _drain(
-                lambda: self.outbox.purge_finished(self.outbox_retention_ms, self.batch_size)
+            'snapshots': _drain(lambda: self.service.purge_expired_snapshots(size)),
+            'outbox': _drain(lambda: self.outbox.purge_finished(keep.outbox_ms, size)),
+            'history': _drain(lambda: self.history.purge_finished(keep.history_ms, size)),
+            'webhook_deliveries': _drain(
+                lambda: self.webhooks.purge_finished(keep.webhook_ms, size)
             ),
         }
         if any(counts.values()):
             log_event('housekeeping.purged', **counts)
         return counts
+
+
+class Retention(NamedTuple):
+    """How long finished rows are kept (ms): outbox events, history rows, webhook deliveries."""
+
+    outbox_ms: int
+    history_ms: int
+    webhook_ms: int
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(
+            config.outbox_retention_ms, config.history_retention_ms, config.webhook_retention_ms
+        )
 
 
 def _drain(delete_batch):

@@ -12,9 +12,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from ..core import metrics
-from ..core.models import AiJob, OutboxEvent
+from ..core.models import AiJob, LeaderLease, OutboxEvent
 from ..core.outbox import DEAD, FAILED, PENDING, PROCESSING
 from ..core.registry import QUEUE_NAMES
+from .leader import HOUSEKEEPING
 
 # Outbox rows not yet published (claimed ones included) and not given up.
 UNPUBLISHED = (PENDING, PROCESSING, FAILED)
@@ -32,6 +33,7 @@ class StateCollector:
         yield from self._outbox()
         yield from self._queues()
         yield self._running()
+        yield self._leader()
 
     def _outbox(self):
         pending = GaugeMetricFamily(
@@ -98,6 +100,20 @@ class StateCollector:
         for worker, count in rows:
             running.add_metric([worker or ''], count)
         return running
+
+    def _leader(self):
+        """The housekeeping lease (architecture decision 12), one primary-key read: alert when
+        no holder has time left for longer than AIJOB_LEADER_LEASE_MS."""
+        remaining = GaugeMetricFamily(
+            'aijob_leader_lease_remaining_seconds',
+            "Time left on the housekeeping leader's lease (0 or less: no live leader).",
+            labels=('holder',),
+        )
+        row = LeaderLease.get_or_none(LeaderLease.name == HOUSEKEEPING)
+        if row is not None:
+            left = (_datetime(row.expires_at) - self.store.clock()).total_seconds()
+            remaining.add_metric([row.holder], left)
+        return remaining
 
 
 def _datetime(value):

@@ -254,12 +254,24 @@ def _client_gone(environ):
     if sock is None:
         return False
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
+        # poll, not select: select() refuses descriptors above 1023, and a web process holding
+        # a thousand waiting requests has those (each would look gone at once). The unpatched
+        # poll: a zero-timeout system call that never waits, where gevent's would need the hub.
+        poller = _original_poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        if not poller.poll(0):
             return False
         return sock.recv(1, socket.MSG_PEEK) == b''
     except (OSError, ValueError):
         return True
+
+
+def _original_poll():
+    try:
+        from gevent import monkey
+    except ImportError:
+        return select.poll()
+    return monkey.get_original('select', 'poll')()
 
 
 def _check_json_values(body):

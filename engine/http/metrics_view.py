@@ -9,6 +9,7 @@ from http import HTTPStatus
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from ..core import metrics
 from ..core.errors import AiJobError, ForbiddenError, StoreUnavailableError, UnauthorizedError
 from ..core.logs import log_event
 from ..dispatch.scrape import CONTENT_TYPE, exposition
@@ -130,8 +131,10 @@ class MetricsServer:
 
 
 def start_metrics_server(runtime):
-    """The worker's metrics port when AIJOB_METRICS_PORT is set, else None."""
+    """For ``worker``: count in this process's memory (metrics.use_single_process), and serve
+    the counts on AIJOB_METRICS_PORT when it is set (else None)."""
     config = runtime.config
+    metrics.use_single_process()
     if config.metrics_port is None:
         return None
     return MetricsServer(runtime, config.metrics_host, config.metrics_port).start()

@@ -37,6 +37,7 @@ from ..core.errors import (
 from ..core.logs import configure as configure_logging
 from ..core.logs import gunicorn_logconfig, log_event
 from ..core.models import database
+from ..core.redis_url import parse_redis_url
 from ..runtime import Runtime
 from .app import create_app
 from .auth import TokenStore
@@ -260,7 +261,7 @@ def run_serve(config, host, port):
         % (
             url,
             config.database_url.split('://', 1)[0],
-            'redis' if config.uses_redis else 'in-memory',
+            parse_redis_url(config.redis_url).describe() if config.uses_redis else 'in-memory',
         ),
         flush=True,
     )
