@@ -197,7 +197,10 @@ def test_a_cancelled_running_job_streams_its_cancel_and_ends(make_stream_api):
     reader = threading.Thread(target=lambda: got.update(messages=read_stream(api.a, job_id)))
     reader.start()
     deadline = time.monotonic() + 10
-    while api.a.get(JOBS + '/' + job_id).json['lifecycleStatus'] != 'running':
+    while (
+        api.a.get(JOBS + '/' + job_id).json['lifecycleStatus'] != 'running'
+        or api.app.aijob_api.streams.count == 0  # the stream has opened (and read its status)
+    ):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     assert api.a.post(JOBS + '/' + job_id + '/cancel').status in (200, 202)
