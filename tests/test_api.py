@@ -578,10 +578,9 @@ def test_openapi_documents_every_route_of_the_app(api):
         (method.upper(), path) for path, item in document['paths'].items() for method in item
     }
 
-    def openapi_path(rule):  # bottle's <job_id> is the document's {jobId}
-        return re.sub(
-            r'<(\w+)>', lambda m: '{%s}' % re.sub(r'_(\w)', lambda c: c[1].upper(), m[1]), rule
-        )
+    def openapi_path(rule):  # bottle's <job_id> (or <job_id:re:...>) is the document's {jobId}
+        camel = lambda m: '{%s}' % re.sub(r'_(\w)', lambda c: c[1].upper(), m[1])  # noqa: E731
+        return re.sub(r'<(\w+)(?::[^>]*)?>', camel, rule)
 
     routes = {(route.method, openapi_path(route.rule)) for route in api.app.routes}
     assert routes == documented
@@ -592,15 +591,36 @@ def test_openapi_documents_every_route_of_the_app(api):
     [
         ({'limit': '²'}, 'limit'),
         ({'limit': '①'}, 'limit'),
-        ({'createdFrom': '0001-01-01T00:00:00+14:00'}, 'createdFrom'),
-        ({'createdTo': '9999-12-31T23:59:59-14:00'}, 'createdTo'),
+        ({'createdTo': ''}, 'createdTo'),  # empty is not absent
+        ({'createdFrom': '2026-06-20'}, 'createdFrom'),  # a date, not an RFC 3339 date-time
+        ({'createdFrom': '2026-06-20T00:00:00'}, 'createdFrom'),  # no offset
+        ({'lifecycleStatus': 'queued,'}, 'lifecycleStatus'),
+        ({'cursor': '12.not-a-job-id'}, 'cursor'),
     ],
 )
-def test_admin_list_parameters_out_of_range_are_400(api, query, field):
+def test_admin_list_parameters_outside_the_document_are_400(api, query, field):
     response = api.admin.get(ADMIN_JOBS, query=query)
     assert response.status == 400 and response.json['error']['field'] == field
 
 
-def test_usage_times_out_of_range_are_400(api):
+def test_admin_list_times_beyond_utc_are_clamped_not_refused(api):
+    """Valid RFC 3339 times whose UTC instant is outside year 1..9999 mean "since the start" and
+    "until the end"."""
+    job_id = api.create()
+    query = {'createdFrom': '0001-01-01T00:00:00+14:00', 'createdTo': '9999-12-31T23:59:59-14:00'}
+    response = api.admin.get(ADMIN_JOBS, query=query)
+    assert response.status == 200 and [i['jobId'] for i in response.json['items']] == [job_id]
+
+
+def test_usage_with_since_not_before_until_is_an_empty_range(api):
+    query = {'since': '2026-01-02T00:00:00Z', 'until': '2026-01-01T00:00:00Z'}
+    response = api.admin.get('/admin-api/ai/usage', query=query)
+    assert response.status == 200 and response.json['totals'] == []
+
+
+def test_usage_times_beyond_utc_are_clamped_and_bad_ones_are_400(api):
     response = api.admin.get('/admin-api/ai/usage', query={'until': '9999-12-31T23:59:59-14:00'})
-    assert response.status == 400 and response.json['error']['field'] == 'until'
+    assert response.status == 200 and response.json['until'].startswith('9999-12-31T23:59:59')
+    for query in ({'until': ''}, {'until': 'tomorrow'}, {'since': '2026-01-01 00:00:00Z'}):
+        response = api.admin.get('/admin-api/ai/usage', query=query)
+        assert response.status == 400 and response.json['error']['field'] in query

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from engine.core.history import JobHistory
 from engine.core.models import AiJob, AiJobArtifact, AiUsageLog
 from engine.execution.engine import ExecutionEngine
 from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
@@ -224,3 +225,40 @@ def test_jobs_survive_a_queue_that_lost_its_data(engine_rt, backend):
     engine_rt.start_background()
     for job in jobs:
         assert wait_terminal(engine_rt, job.id, timeout=30).lifecycle_status == 'succeeded'
+
+
+def test_the_history_of_a_job_taken_over_after_a_kill_9(shared_rt, workers):
+    first = workers(shared_rt.env)
+    job = create_job(shared_rt, input={'sleepMs': 3000, 'progressSteps': 10})
+    wait_until(lambda: running_on(first, job.id) and AiJob.get_by_id(job.id).progress >= 20)
+    lost = AiJob.get_by_id(job.id).locked_by
+    first.kill()
+    first.wait(10)
+    second = workers(shared_rt.env)
+    done = wait_terminal(shared_rt, job.id, timeout=30)
+    assert (done.lifecycle_status, done.attempt_no) == ('succeeded', 2) and second.owns(done)
+    events = JobHistory(shared_rt.store).list(job.id)
+    rows = [(e.kind, e.attempt_no, e.detail) for e in events]
+    assert [e.id for e in events] == sorted(e.id for e in events)
+    assert rows[0][:2] == ('created', 0) and rows[1][:2] == ('dispatched', 0)
+    # The milestones of each attempt, in order; then what is left is the life itself.
+    for attempt in (1, 2):
+        progress = [d['progress'] for k, n, d in rows if k == 'progress' and n == attempt]
+        assert progress == sorted(set(progress))
+        assert all(p >= 10 for p in progress)
+    assert any(k == 'progress' and n == 1 for k, n, _ in rows)
+    life = [(k, n, d) for k, n, d in rows[2:] if k != 'progress']
+    # The reaper's row is there unless the new worker took the job over first (both happen
+    # right after the new leader moves the dead worker's message back).
+    if life[1][0] == 'worker_lost':
+        assert life.pop(1) == ('worker_lost', 1, {'worker': lost, 'by': 'reaper'})
+    assert life == [
+        ('started', 1, {'worker': lost}),
+        ('taken_over', 2, {'worker': done.locked_by}),
+        ('succeeded', 2, {'worker': done.locked_by}),
+    ]
+    # Progress rows sit inside their attempt: attempt 1's before the takeover, 2's after it.
+    kinds_attempts = [(k, n) for k, n, _ in rows]
+    takeover = kinds_attempts.index(('taken_over', 2))
+    assert all(n == 1 for k, n in kinds_attempts[:takeover] if k == 'progress')
+    assert all(n == 2 for k, n in kinds_attempts[takeover:] if k == 'progress')

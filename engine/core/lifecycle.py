@@ -140,6 +140,7 @@ _SELECT_LOCKED = (
 _SELECT_SNAPSHOTS = 'SELECT job_id, content FROM ai_job_snapshot WHERE job_id IN (%s)'
 # Jobs one batch lock takes at most (a bound on its IN list).
 LOCK_BATCH = 100
+_ATTEMPT = RUN_COLUMNS.index('attempt_no')
 CANCELLED_VALUES = {'error_code': 'CANCELLED', 'public_error_message': 'The job was cancelled.'}
 # Held jobs per heartbeat statement (a bound on the statement's size and its IN list).
 EXTEND_BATCH = 500
@@ -301,32 +302,46 @@ class AiJobLifecycleRepository:
         update = self._lock_text.replace('{ids}', 'id IN (%s)' % marks)
         params = [instance_id, ttl] + ids
 
-        def write(tx):  # the locks and their history rows (one INSERT for all) commit together
-            if self.store.dialect == 'sqlite':
-                locked = self._lock_returning(update, params, ids)
-            else:
-                locked = self._lock_then_read(update, params, ids, instance_id)
-            insert_events(self.store, [lock_event(job, instance_id) for job, _ in locked])
-            return locked
+        if self.store.dialect == 'sqlite':
+            locked = self._lock_returning(update, params, instance_id)
+        else:
 
-        locked = self._in_transaction(write)
+            def write(tx):  # the locks and their history rows (one INSERT) commit together
+                locked = self._lock_then_read(update, params, ids, instance_id)
+                insert_events(self.store, [lock_event(job, instance_id) for job, _ in locked])
+                return locked
+
+            locked = self._in_transaction(write)
         order = {job_id: i for i, job_id in enumerate(ids)}
         return sorted(locked, key=lambda pair: order[pair[0].id])
 
-    def _lock_returning(self, update, params, ids):
-        """SQLite: the UPDATE returns exactly the rows it changed; their snapshots follow."""
-        returning = ' RETURNING ' + ', '.join(RUN_COLUMNS)
-        rows = self.store.execute(statement(update + returning), params).fetchall()
-        if not rows:
+    def _lock_returning(self, update, params, instance_id):
+        """SQLite: the UPDATE returns exactly the rows it changed; with their history rows it
+        commits, and only then are the rows made jobs and their snapshots read: SQLite has one
+        writer, so its write lock is held for the two statements and little Python."""
+        statement_ = statement(update + ' RETURNING ' + ', '.join(RUN_COLUMNS))
+        detail = {'worker': instance_id}
+
+        def write(tx):
+            rows = self.store.execute(statement_, params).fetchall()
+            insert_events(self.store, [_lock_row(row[0], row[_ATTEMPT], detail) for row in rows])
+            return rows
+
+        rows = self._in_transaction(write)
+        return self._with_snapshots([job_from_row(RUN_COLUMNS, row) for row in rows])
+
+    def _with_snapshots(self, jobs):
+        """[(job, snapshot content)] for ``jobs``, their snapshots read in one statement."""
+        if not jobs:
             return []
-        locked_ids = [row[0] for row in rows]
+        ids = [job.id for job in jobs]
         content = AiJobSnapshot.content.python_value
         snapshots = dict(
             self.store.execute(
-                statement(_SELECT_SNAPSHOTS % placeholders(len(locked_ids))), locked_ids
+                statement(_SELECT_SNAPSHOTS % placeholders(len(ids))), ids
             ).fetchall()
         )
-        return [(job_from_row(RUN_COLUMNS, row), content(snapshots.get(row[0]))) for row in rows]
+        return [(job, content(snapshots.get(job.id))) for job in jobs]
 
     def _lock_then_read(self, update, params, ids, instance_id):
         """MariaDB/MySQL: the UPDATE, then one read of the batch's rows this instance holds,
@@ -569,12 +584,17 @@ class AiJobLifecycleRepository:
             ).execute()
 
     def record_worker_lost(self, job):
-        """The reaper hands ``job`` (as it read it: expired lock) to another worker: its history
-        says so once per attempt, however many sweeps push it again before a worker takes it."""
+        """The reaper is about to hand ``job`` (as it read it: lock expired) to another worker:
+        its history says so, once per attempt however many sweeps push it again. The fenced
+        touch of the row checks the lock is still expired at that attempt (else
+        JobLockConflictError: it heartbeated or was taken over meanwhile) and holds the row, so
+        this row always comes before the takeover it leads to. Returns whether it wrote one."""
+        fence = ExpiredLockFence(job.attempt_no, 0)
         detail = {'worker': job.locked_by, 'by': 'reaper'}
         event = NewEvent(job.id, history.WORKER_LOST, job.attempt_no, detail)
 
         def write(tx):
+            self._fenced(job.id, fence, 'updated_at = {now}')
             seen = (
                 AiJobEvent.select(AiJobEvent.id)
                 .where(
@@ -644,5 +664,9 @@ class AiJobLifecycleRepository:
 def lock_event(job, instance_id):
     """The history row of a lock: ``started`` for the first attempt, ``taken_over`` for a later
     one (the previous holder died, stalled or handed the job back)."""
-    kind = history.STARTED if job.attempt_no == 1 else history.TAKEN_OVER
-    return NewEvent(job.id, kind, job.attempt_no, {'worker': instance_id})
+    return _lock_row(job.id, job.attempt_no, {'worker': instance_id})
+
+
+def _lock_row(job_id, attempt_no, detail):
+    kind = history.STARTED if attempt_no == 1 else history.TAKEN_OVER
+    return NewEvent(job_id, kind, attempt_no, detail)

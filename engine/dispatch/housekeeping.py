@@ -97,12 +97,12 @@ class Reaper:
         stuck process: push anyway; the lock CAS lets one worker take over."""
         if self._pushed.get(job.id, (None,))[0] == job.attempt_no:
             return 'waiting'
+        self.lifecycle.record_worker_lost(job)  # before the push: it precedes the takeover
         try:
             self.queue.push(message_for_job(job), force=True)
         except QueueUnavailableError:
             return 'deferred'
         self._pushed[job.id] = (job.attempt_no, time.monotonic())
-        self.lifecycle.record_worker_lost(job)
         log_event(
             'job.worker_lost',
             logging.WARNING,

@@ -37,6 +37,12 @@ class AiServices:
             return False
         return self.platform_key_configured or not getattr(provider, 'needs_api_key', False)
 
+    def prompt_versions(self, definition):
+        """The promptVersion values a job of ``definition`` may name here (the OpenAPI document
+        lists them); None when its provider keeps no templates (any value goes)."""
+        prompts = getattr(self.gateway.provider_for(definition), 'prompts', None)
+        return None if prompts is None else list(prompts.versions(definition.job_type))
+
     def check_creatable(self, definition, overrides):
         """Refuse at creation what could only fail once the job runs: a job type whose provider
         is not configured, platform mode without a platform key (PLATFORM_UNAVAILABLE), or a
@@ -49,9 +55,8 @@ class AiServices:
                 % (definition.job_type, definition.provider)
             )
         version = overrides.get('promptVersion')
-        prompts = getattr(provider, 'prompts', None)
-        if version is not None and prompts is not None:
-            known = prompts.versions(definition.job_type)
+        known = self.prompt_versions(definition)
+        if version is not None and known is not None:
             if version not in known:
                 raise InvalidRequestError(
                     'overrides.promptVersion %r is unknown for %s (known: %s)'

@@ -77,6 +77,10 @@ INTERNAL_MESSAGE = 'Internal error.'
 WATCH_CHUNK = 500  # job ids per batched re-read of the waiters' jobs
 GONE_CHECK_S = 0.5  # a waiting request looks at its client's socket at least this often
 
+# Any webhook id but job-secret, so that a DELETE of /api/ai/webhooks/job-secret is 405 and its
+# Allow header names GET only, as the document says.
+WEBHOOK_ID = '<webhook_id:re:(?!job-secret$)[^/]+>'
+
 # bottle's own errors (no route, wrong method, a body it cannot read) by status.
 BOTTLE_ERRORS = {
     404: NoSuchEndpointError,
@@ -186,7 +190,14 @@ def _bottle_error(error):
 
 # ---------------------------------------------------------------- request helpers
 def _query():
-    return {name: bottle.request.query.getunicode(name) for name in bottle.request.query}
+    """The query string as ``{name: text}``. An empty value (``?until=``) is 400, as the
+    document says (no parameter allows the empty string): it is not the same as leaving the
+    parameter out, and guessing which the client meant would hide its bug."""
+    params = {name: bottle.request.query.getunicode(name) for name in bottle.request.query}
+    for name, value in params.items():
+        if not value:
+            raise InvalidRequestError('query parameter %s is empty' % name, field=name)
+    return params
 
 
 def _json_body(max_bytes):
@@ -298,9 +309,9 @@ def _reject_constant(name):
 
 def _wait_ms():
     raw = bottle.request.query.get('waitMs')
-    if raw is None or raw == '':
+    if raw is None:
         return 0
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_WAIT_MS:  # not '²' or '①'
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_WAIT_MS:  # not '', '²' or '①'
         raise InvalidRequestError(
             'waitMs must be a whole number 0..%d' % MAX_WAIT_MS, field='waitMs'
         )
@@ -346,13 +357,11 @@ def usage_query(params, now):
     group_by = params.get('groupBy') or 'user'
     if group_by not in USAGE_GROUPS:
         raise InvalidRequestError('groupBy must be user or jobType', field='groupBy')
-    until = admin_jobs.parse_time(params.get('until'), 'until') or now
-    since = admin_jobs.parse_time(params.get('since'), 'since') or until - datetime.timedelta(
+    until = admin_jobs.parse_rfc3339(params.get('until'), 'until') or now
+    since = admin_jobs.parse_rfc3339(params.get('since'), 'since') or until - datetime.timedelta(
         days=1
     )
-    if since >= until:
-        raise InvalidRequestError('since must be before until', field='since')
-    return since, until, group_by
+    return since, until, group_by  # since >= until: an empty range, no totals
 
 
 def create_request(principal, body, header_key):
@@ -513,8 +522,12 @@ class Api:
             read=stream.watch_reader(runtime.store),
             too_many=TooManyStreamsError,
         )
+        job_types = sorted(d.job_type for d in runtime.registry.get_all())
         self.openapi = build_openapi(
-            runtime.registry, dict(push_paths(), **dashboard_paths()), push_schemas()
+            runtime.registry,
+            dict(push_paths(), **dashboard_paths()),
+            push_schemas(job_types),
+            prompt_versions=runtime.ai.prompt_versions,
         )
         self.push = WebhookEndpoints(runtime)
         self.metrics_access = MetricsAccess(runtime.store, runtime.config.metrics_token)
@@ -704,7 +717,7 @@ class Api:
         params = _query()
         if 'userId' in params:
             raise InvalidRequestError('userId is for the admin list only', field='userId')
-        query = admin_jobs.parse_query(dict(params, userId=principal.user_id))
+        query = admin_jobs.parse_query(dict(params, userId=principal.user_id), strict=True)
         jobs, next_cursor = admin_jobs.list_jobs(query)
         refs = views.artifact_refs([job.id for job in jobs if job.lifecycle_status == 'succeeded'])
         items = [views.job_status(job, refs.get(job.id, ())) for job in jobs]
@@ -713,7 +726,7 @@ class Api:
     # -- admin endpoints
     def admin_list_jobs(self):
         self.admin()
-        query = admin_jobs.parse_query(_query())
+        query = admin_jobs.parse_query(_query(), strict=True)
         jobs, next_cursor = admin_jobs.list_jobs(query)
         refs = views.artifact_refs([job.id for job in jobs if job.lifecycle_status == 'succeeded'])
         items = [views.admin_job(job, refs.get(job.id, ())) for job in jobs]
@@ -872,7 +885,7 @@ def create_app(runtime):
         ('POST', '/api/ai/webhooks', api.create_webhook, True),
         ('GET', '/api/ai/webhooks', api.list_webhooks, True),
         ('GET', '/api/ai/webhooks/job-secret', api.webhook_job_secret, True),
-        ('DELETE', '/api/ai/webhooks/<webhook_id>', api.delete_webhook, True),
+        ('DELETE', '/api/ai/webhooks/' + WEBHOOK_ID, api.delete_webhook, True),
         ('GET', '/admin-api/ai/webhook-deliveries', api.admin_list_deliveries, True),
         (
             'POST',

@@ -2,16 +2,22 @@
 error code. The test client validates every response the suite sees against it, so it cannot
 drift from what the API really answers."""
 
+import re
+
 from ..core import history
 from ..core.errors import public_error_codes
 from ..core.lifecycle import LEGACY_STATUS_TO_LIFECYCLE, Status
-from ..core.registry import CREDENTIAL_MODES, QUEUE_NAMES
+from ..core.registry import QUEUE_NAMES, first_error
+from ..execution.credentials import MAX_KEY_CHARS, PROVIDER_PATTERN
 from . import history_view
-from .params import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from .params import CURSOR_PATTERN, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 
 STATUSES = [status.value for status in Status]
+STATUS_NAMES = STATUSES + list(LEGACY_STATUS_TO_LIFECYCLE)
 TIME = {'type': 'string', 'format': 'date-time'}
 NULLABLE_TIME = {'type': ['string', 'null'], 'format': 'date-time'}
+USER_KEY_MODE = 'user_deepseek_key'
+NOT_BLANK = r'\S'  # a name the service accepts holds something besides white space
 
 # What a status's codes mean where their names do not say it; the codes themselves come from the
 # error classes (errors.public_error_codes), so a new error cannot be left out of the document.
@@ -65,13 +71,19 @@ def _job_id_param():
     return {'name': 'jobId', 'in': 'path', 'required': True, 'schema': {'type': 'string'}}
 
 
+def _list_pattern(names):
+    """A pattern for a comma-separated list of ``names``, nothing else between the commas."""
+    one = '(%s)' % '|'.join(re.escape(name) for name in names)
+    return '^%s(,%s)*$' % (one, one)
+
+
 def _query_param(name, description, schema=None):
     return {
         'name': name,
         'in': 'query',
         'required': False,
         'description': description,
-        'schema': schema or {'type': 'string'},
+        'schema': schema or {'type': 'string', 'minLength': 1},  # an empty value is 400
     }
 
 
@@ -83,22 +95,28 @@ def _list_params(user_filter):
             'lifecycleStatus',
             'Comma-separated statuses: %s; legacy names %s are accepted.'
             % (', '.join(STATUSES), ', '.join(LEGACY_STATUS_TO_LIFECYCLE)),
+            {'type': 'string', 'pattern': _list_pattern(STATUS_NAMES)},
         ),
         _query_param('queueName', 'Only this queue.', {'enum': list(QUEUE_NAMES)}),
         _query_param('userId', 'Only this user.'),
-        _query_param('createdFrom', 'Created at or after (ISO-8601).', TIME),
-        _query_param('createdTo', 'Created before (ISO-8601).', TIME),
+        _query_param('createdFrom', 'Created at or after (RFC 3339).', TIME),
+        _query_param('createdTo', 'Created before (RFC 3339).', TIME),
         _query_param(
             'limit',
             'Page size (default %d).' % DEFAULT_PAGE_SIZE,
             {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE_SIZE},
         ),
-        _query_param('cursor', 'The nextCursor of the previous page.'),
+        _query_param(
+            'cursor',
+            "The nextCursor of the previous page: MICROS.JOB_ID, the last job's createdAt in "
+            'microseconds since 1970 (UTC) and its id.',
+            {'type': 'string', 'pattern': CURSOR_PATTERN},
+        ),
     ]
     return [p for p in params if user_filter or p['name'] != 'userId']
 
 
-def _schemas(job_types):
+def _schemas(definitions, prompt_versions):
     job_status = {
         'type': 'object',
         'additionalProperties': False,
@@ -165,43 +183,7 @@ def _schemas(job_types):
             'required': ['artifactType', 'artifactId'],
             'properties': {'artifactType': {'type': 'string'}, 'artifactId': {'type': 'string'}},
         },
-        'CreateJobRequest': {
-            'type': 'object',
-            'additionalProperties': False,
-            'required': ['jobType', 'targetType', 'targetId'],
-            'properties': {
-                'jobType': {'type': 'string', 'enum': job_types},
-                'targetType': {'type': 'string', 'maxLength': 64},
-                'targetId': {'type': 'string', 'maxLength': 128},
-                'input': {
-                    'type': 'object',
-                    'description': "Checked against the job type's input schema.",
-                },
-                'idempotencyKey': {
-                    'type': 'string',
-                    'maxLength': 255,
-                    'description': 'Or the Idempotency-Key header.',
-                },
-                'webhookUrl': {
-                    'type': 'string',
-                    'maxLength': 2048,
-                    'description': 'POSTed the terminal status, signed with the secret of '
-                    'GET /api/ai/webhooks/job-secret; https, public addresses only '
-                    '(WEBHOOK_URL_REFUSED otherwise).',
-                },
-                'overrides': {
-                    'type': 'object',
-                    'additionalProperties': False,
-                    'properties': {
-                        'priority': {'type': 'integer', 'minimum': 0, 'maximum': 100},
-                        'credentialMode': {'enum': list(CREDENTIAL_MODES)},
-                        'credentialId': {'type': 'string'},
-                        'promptVersion': {'type': 'string'},
-                        'outputSchemaVersion': {'type': 'string'},
-                    },
-                },
-            },
-        },
+        'CreateJobRequest': _create_job_request(definitions, prompt_versions),
         'JobEvent': {
             'type': 'object',
             'additionalProperties': False,
@@ -297,8 +279,12 @@ def _schemas(job_types):
             'additionalProperties': False,
             'required': ['provider', 'apiKey'],
             'properties': {
-                'provider': {'type': 'string', 'examples': ['deepseek']},
-                'apiKey': {'type': 'string', 'maxLength': 512},
+                'provider': {
+                    'type': 'string',
+                    'pattern': PROVIDER_PATTERN.pattern,
+                    'examples': ['deepseek'],
+                },
+                'apiKey': {'type': 'string', 'maxLength': MAX_KEY_CHARS, 'pattern': r'^\S+$'},
             },
         },
         'Credential': {
@@ -369,6 +355,82 @@ def _schemas(job_types):
             },
         },
     }
+
+
+def _create_job_request(definitions, prompt_versions):
+    """One schema per job type (``oneOf`` on ``jobType``): its input schema and the credential
+    modes it allows are part of the contract, so a body the document allows is one the server
+    accepts. Optional fields may be null (the same as absent)."""
+    return {
+        'oneOf': [_create_one(d, prompt_versions(d)) for d in definitions],
+        'description': 'Idempotency: idempotencyKey or the Idempotency-Key header; when both are '
+        'given they must be equal.',
+    }
+
+
+def _create_one(definition, prompt_versions):
+    text = {'type': 'string', 'pattern': NOT_BLANK}
+    nullable = lambda schema: dict(schema, type=[schema['type'], 'null'])  # noqa: E731
+    required = ['jobType', 'targetType', 'targetId']
+    schema = definition.input.schema
+    if schema is not None and first_error(schema, {}) is not None:
+        required.append('input')  # the default {} would not do
+    return {
+        'type': 'object',
+        'additionalProperties': False,
+        'required': required,
+        'properties': {
+            'jobType': {'const': definition.job_type},
+            'targetType': dict(text, maxLength=64),
+            'targetId': dict(text, maxLength=128),
+            'input': dict(
+                definition.input.schema or {'type': 'object'},
+                description="The job type's input (default {}).",
+            ),
+            'idempotencyKey': nullable(dict(text, maxLength=255)),
+            'webhookUrl': {
+                'type': ['string', 'null'],
+                'format': 'uri',
+                'pattern': '^https?://',
+                'maxLength': 2048,
+                'description': 'POSTed the terminal status, signed with the secret of '
+                'GET /api/ai/webhooks/job-secret; https, public addresses only '
+                '(WEBHOOK_URL_REFUSED otherwise).',
+            },
+            'overrides': _overrides(definition, prompt_versions, text, nullable),
+        },
+    }
+
+
+def _overrides(definition, prompt_versions, text, nullable):
+    """What a job may override; ``credentialId`` names a stored key, and only with the
+    user-key mode (which the job type must allow)."""
+    modes = list(definition.credential.allowed_modes)
+    schema = {
+        'type': ['object', 'null'],
+        'additionalProperties': False,
+        'properties': {
+            'priority': {'type': ['integer', 'null'], 'minimum': 0, 'maximum': 100},
+            'credentialMode': {'enum': modes + [None]},
+            'credentialId': {'type': 'null'},
+            'promptVersion': nullable(dict(text, maxLength=32))
+            if prompt_versions is None
+            else {'enum': prompt_versions + [None]},
+            'outputSchemaVersion': nullable(dict(text, maxLength=32)),
+        },
+    }
+    if USER_KEY_MODE in modes:
+        user_mode = {'properties': {'credentialMode': {'const': USER_KEY_MODE}}}
+        if definition.credential.default_mode != USER_KEY_MODE:
+            user_mode['required'] = ['credentialMode']
+        schema['if'] = user_mode
+        schema['then'] = {
+            'required': ['credentialId'],
+            'properties': {'credentialId': dict(text, maxLength=36)},
+        }
+        schema['else'] = {'properties': {'credentialId': {'type': 'null'}}}
+        schema['properties']['credentialId'] = {'type': ['string', 'null']}
+    return schema
 
 
 def _job_paths():
@@ -563,9 +625,12 @@ def _credential_and_usage_paths():
                 'summary': 'Provider usage totals per user or per job type (SUPER_ADMIN).',
                 'parameters': [
                     _query_param(
-                        'since', 'From (inclusive, ISO-8601); default until minus 24 h.', TIME
+                        'since',
+                        'From (inclusive, RFC 3339); default until minus 24 h. Not before until: '
+                        'an empty range (no totals).',
+                        TIME,
                     ),
-                    _query_param('until', 'To (exclusive, ISO-8601); default now.', TIME),
+                    _query_param('until', 'To (exclusive, RFC 3339); default now.', TIME),
                     _query_param(
                         'groupBy', 'user (default) or jobType.', {'enum': ['user', 'jobType']}
                     ),
@@ -632,8 +697,12 @@ def _operations_paths():
     }
 
 
-def build_openapi(registry, extra_paths=None, extra_schemas=None):
-    job_types = sorted(d.job_type for d in registry.get_all() if d.api_creatable)
+def build_openapi(registry, extra_paths=None, extra_schemas=None, prompt_versions=None):
+    """The document for ``registry``'s API-creatable job types; ``prompt_versions(definition)``
+    (None: any) lists the promptVersion values each may name on this server."""
+    definitions = sorted(
+        (d for d in registry.get_all() if d.api_creatable), key=lambda d: d.job_type
+    )
     paths = {}
     for part in (
         _job_paths(),
@@ -643,7 +712,7 @@ def build_openapi(registry, extra_paths=None, extra_schemas=None):
         extra_paths or {},
     ):
         paths.update(part)
-    schemas = _schemas(job_types)
+    schemas = _schemas(definitions, prompt_versions or (lambda definition: None))
     schemas.update(extra_schemas or {})
     return {
         'openapi': '3.1.0',

@@ -21,7 +21,7 @@ def _name_list(description, names=None):
     }
 
 
-def push_schemas():
+def push_schemas(job_types):
     endpoint_properties = {
         'webhookId': {'type': 'string'},
         'url': {'type': 'string'},
@@ -43,7 +43,7 @@ def push_schemas():
                     'resolve to a loopback, link-local or private address.',
                 },
                 'events': _name_list('Event types to send (default: all).', EVENT_TYPES),
-                'jobTypes': _name_list('Job types to send (default: all).'),
+                'jobTypes': _name_list('Job types to send (default: all).', job_types),
             },
         },
         'Webhook': {

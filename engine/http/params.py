@@ -43,6 +43,11 @@ PARAMETERS = (
     'cursor',
 )
 _JOB_ID = re.compile(r'^[0-9a-f-]{36}$')
+EPOCH = datetime.datetime(1970, 1, 1)
+CURSOR_PATTERN = r'^[0-9]{1,20}\.[0-9a-f-]{36}$'
+_RFC3339 = re.compile(
+    r'^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$'
+)
 # The (column, created_at) index of each equality filter (schema.sql, models.AiJob.Meta.indexes).
 _SORTED_INDEXES = (
     ('user_id', 'ai_job_user_id_created_at'),
@@ -65,8 +70,10 @@ class JobQuery:
     after: Optional[tuple] = None  # from the cursor: (created_at or None for a v1 cursor, id)
 
 
-def parse_query(params):
-    """A JobQuery from query-string parameters (``{name: value}``); 400 naming the bad one."""
+def parse_query(params, strict=False):
+    """A JobQuery from query-string parameters (``{name: value}``); 400 naming the bad one.
+    ``strict`` (the API) takes RFC 3339 times only; the dashboard's form sends datetime-local."""
+    times = parse_rfc3339 if strict else parse_time
     unknown = sorted(set(params) - set(PARAMETERS))
     if unknown:
         raise InvalidRequestError(
@@ -83,8 +90,8 @@ def parse_query(params):
         statuses=_statuses(params.get('lifecycleStatus')),
         queue_name=queue_name,
         user_id=params.get('userId') or None,
-        created_from=parse_time(params.get('createdFrom'), 'createdFrom'),
-        created_to=parse_time(params.get('createdTo'), 'createdTo'),
+        created_from=times(params.get('createdFrom'), 'createdFrom'),
+        created_to=times(params.get('createdTo'), 'createdTo'),
         limit=_limit(params.get('limit')),
         after=decode_cursor(params.get('cursor')),
     )
@@ -166,11 +173,12 @@ def _conditions(query, after):
 
 
 def _statuses(raw):
-    """Comma-separated lifecycle statuses; legacy names (contracts §1.5) are mapped."""
-    if not raw:
+    """Comma-separated lifecycle statuses, nothing else between the commas (STATUS_LIST, as the
+    document's pattern says); legacy names (contracts §1.5) are mapped."""
+    if raw is None:
         return ()
     statuses = []
-    for name in (part.strip() for part in raw.split(',') if part.strip()):
+    for name in raw.split(','):
         if name in Status._value2member_map_:
             statuses.append(name)
         elif name in LEGACY_STATUS_TO_LIFECYCLE:
@@ -185,20 +193,38 @@ def _statuses(raw):
 
 
 def parse_time(raw, name):
+    """An ISO-8601 time (the dashboard's datetime-local fields too) as naive UTC; None when
+    empty. A time outside what UTC can hold (0001-01-01T00:00:00+14:00) is the first or last
+    representable instant."""
     if not raw:
         return None
     message = '%s must be an ISO-8601 time such as 2026-06-20T00:00:00Z' % name
     try:
-        value = datetime.datetime.fromisoformat(raw.strip().replace('Z', '+00:00'))
-        if value.tzinfo is not None:  # 0001-01-01T00:00+14:00 is before year 1 in UTC
-            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-    except (ValueError, OverflowError):
+        value = datetime.datetime.fromisoformat(raw.strip().upper().replace('Z', '+00:00'))
+    except ValueError:
         raise InvalidRequestError(message, field=name) from None
-    return value
+    if value.tzinfo is None:
+        return value
+    try:
+        return value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    except OverflowError:
+        return datetime.datetime.min if value.year == 1 else datetime.datetime.max
+
+
+def parse_rfc3339(raw, name):
+    """The API's times: RFC 3339 date-times only (the document's ``format: date-time``: a full
+    time with an offset), None when absent."""
+    if raw is None:
+        return None
+    if not _RFC3339.match(raw):
+        raise InvalidRequestError(
+            '%s must be an RFC 3339 time such as 2026-06-20T00:00:00Z' % name, field=name
+        )
+    return parse_time(raw, name)
 
 
 def _limit(raw):
-    if raw is None or raw == '':
+    if raw is None:
         return DEFAULT_PAGE_SIZE
     if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE_SIZE:
         raise InvalidRequestError(
@@ -213,14 +239,23 @@ def cursor_for(job):
 
 
 def encode_cursor(created_at, job_id):
-    text = 'v2:%s|%s' % (created_at.isoformat(timespec='microseconds'), job_id)
-    return base64.urlsafe_b64encode(text.encode('ascii')).decode('ascii').rstrip('=')
+    """``MICROS.JOB_ID`` (CURSOR_PATTERN): the created-at in microseconds since 1970 (UTC), and
+    the id. A documented form, so that any value of that form is a cursor the server takes."""
+    micros = (created_at - EPOCH) // datetime.timedelta(microseconds=1)
+    return '%d.%s' % (micros, job_id)
 
 
 def decode_cursor(raw):
-    """(created_at, job id) from a cursor; created_at is None for a v1 cursor (the id only)."""
-    if not raw:
+    """(created_at, job id) from a cursor; created_at is None for a v1 cursor (the id only).
+    Cursors handed out before ``MICROS.JOB_ID`` (base64 ``v1:``/``v2:``) still work."""
+    if raw is None:
         return None
+    micros, dot, job_id = raw.partition('.')
+    if dot and micros.isascii() and micros.isdigit() and _JOB_ID.match(job_id):
+        try:
+            return EPOCH + datetime.timedelta(microseconds=int(micros)), job_id
+        except OverflowError:
+            return datetime.datetime.max, job_id  # past every job: an empty page
     try:
         text = base64.urlsafe_b64decode(raw + '=' * (-len(raw) % 4)).decode('ascii')
     except (binascii.Error, ValueError):

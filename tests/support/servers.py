@@ -335,3 +335,67 @@ class SentinelGroup:
     def stop(self):
         for process in self.sentinels + self.data_nodes:
             process.stop()
+
+
+class ServeProcess:
+    """A real ``python aijob.py serve`` on a free port, in ``folder``, with ``env`` over the test
+    process's environment. ``base`` is its URL; ``stop()`` sends SIGTERM and waits."""
+
+    def __init__(self, folder, env, timeout_s=30):
+        import os
+        import sys
+
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self.port = free_port()
+        self.base = 'http://127.0.0.1:%d' % self.port
+        self.log_path = folder / ('serve-%d.log' % self.port)
+        self._log = open(self.log_path, 'wb')
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(root, 'aijob.py'), 'serve'],
+            cwd=str(folder),
+            env={**os.environ, **env, 'AIJOB_PORT': str(self.port)},
+            stdout=self._log,
+            stderr=self._log,
+        )
+        self._wait_healthy(timeout_s)
+
+    def _wait_healthy(self, timeout_s):
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log_path.read_text()
+            try:
+                with urllib.request.urlopen(self.base + '/healthz', timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError('serve did not answer within %.0fs' % timeout_s)
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+        self._log.close()
+        return self.process.returncode
+
+
+@pytest.fixture
+def serve_process(tmp_path):
+    """``start(env)`` → a running ServeProcess; every one started is stopped at the end."""
+    started = []
+
+    def start(env):
+        server = ServeProcess(tmp_path, env)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
