@@ -196,9 +196,10 @@ class Follower:
         """None to go on following; else the exit code."""
         job_id = self.job['jobId']
         if not self.interactive:
-            self.end_line()
-            self.cancel()
-            print('interrupted: cancel requested for job %s' % job_id, file=self.err)
+            if self.cancel():
+                print('interrupted: cancel requested for job %s' % job_id, file=self.err)
+            else:
+                print('interrupted: job %s was not cancelled' % job_id, file=self.err)
             return EXIT_INTERRUPTED
         self.end_line()
         try:
@@ -225,12 +226,16 @@ class Follower:
         return line.strip().lower()
 
     def cancel(self):
+        """Ask the server to cancel the job; False when it did not (finished meanwhile, or the
+        server is away), with the reason shown."""
         try:
             reply = self.api.call('POST', '/api/ai/jobs/%s/cancel' % self.job['jobId'])
-            self.job = reply.body
-        except ClientError as exc:  # finished meanwhile, or the server is away
+        except ClientError as exc:
             print('cancel: %s' % exc, file=self.err)
+            return False
+        self.job = reply.body
         self.show()
+        return True
 
     # -- the end
     def finish(self):

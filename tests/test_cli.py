@@ -17,6 +17,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.http.auth import TokenStore
 from tests.support.api import JOBS
 from tests.support.helpers import wait_until
 from tests.support.servers import free_port
@@ -39,8 +40,11 @@ def http_json(method, url, token):
 
 @contextlib.contextmanager
 def serve(backend, make_runtime, tmp_path):
-    """A real ``serve`` on a free port; yields (url, its development admin token)."""
-    make_runtime()  # a clean store for this backend
+    """A real ``serve`` on a free port; yields (url, its development admin token, a user's
+    token)."""
+    runtime = make_runtime()  # a clean store for this backend
+    with runtime.store.connection():
+        user_token = TokenStore(runtime.store).create('cli-user')
     port = free_port()
     env = dict(os.environ, **backend.env(AIJOB_PORT=str(port)))
     proc = subprocess.Popen(
@@ -63,7 +67,7 @@ def serve(backend, make_runtime, tmp_path):
                 return False
 
         wait_until(healthy, timeout=30, interval=0.1)
-        yield url, token
+        yield url, token, user_token
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
@@ -112,7 +116,7 @@ def counter(url, token, name, **labels):
 def test_submit_wait_prints_the_result_or_the_error_with_its_exit_code(
     backend, make_runtime, tmp_path
 ):
-    with serve(backend, make_runtime, tmp_path) as (url, token):
+    with serve(backend, make_runtime, tmp_path) as (url, token, user_token):
         job_input = {'sleepMs': 600, 'progressSteps': 3, 'output': {'n': 7}}
         done = submit(url, token, job_input, '--wait')
         out, err = done.communicate(timeout=60)
@@ -147,6 +151,9 @@ def test_submit_wait_prints_the_result_or_the_error_with_its_exit_code(
         assert rows[0].split()[:3] == ['JOB', 'ID', 'TYPE']
         assert len(rows) == 1 + 3 and rows[1].startswith(job_id)  # newest first
         assert 'USER' in rows[0]  # an admin token sees the admin list
+        own = cli(url, user_token, 'jobs', stdout=subprocess.PIPE, text=True)
+        assert own.communicate(timeout=60)[0].strip() == 'no jobs'  # a user sees their own
+        assert own.returncode == 0
 
         outcome = {'job_type': 'synthetic', 'queue': 'ai-interactive'}
         assert counter(url, token, 'aijob_jobs_created_total', **outcome) == 3
@@ -183,7 +190,7 @@ def read_until(fd, text, timeout_s=30):
 
 
 def test_ctrl_c_cancels_the_job_and_exits_130(backend, make_runtime, tmp_path):
-    with serve(backend, make_runtime, tmp_path) as (url, token):
+    with serve(backend, make_runtime, tmp_path) as (url, token, user_token):
         # Not a terminal: cancel at once.
         proc = submit(url, token, SLOW, '--wait')
         lines = wait_for_line(proc.stderr, ' running ')

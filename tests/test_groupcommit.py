@@ -128,3 +128,32 @@ def test_a_batch_costs_one_statement_more_per_job_whatever_rows_each_job_writes(
         return engine_rt.store.statement_count() - before
 
     assert statements_for(8) - statements_for(2) == 6
+
+
+def test_a_batch_member_whose_lock_was_taken_writes_nothing_and_the_others_commit(engine_rt):
+    """Fencing holds in a group: a job taken over by another worker while this one ran it (a
+    zombie) is abandoned, its result dropped and its cost kept; the rest of the group stands."""
+    ids = [create_job(engine_rt).id for _ in range(3)]
+    engine = ExecutionEngine(engine_rt, 'worker-zombie')
+    original = engine._call
+
+    def call_then_lose_the_second(a, resolved, call_no):
+        result = original(a, resolved, call_no)
+        if a.job.id == ids[1]:  # another worker's lock now (a takeover, attempt + 1)
+            AiJob.update(locked_by='worker-live', attempt_no=AiJob.attempt_no + 1).where(
+                AiJob.id == ids[1]
+            ).execute()
+        return result
+
+    engine._call = call_then_lose_the_second
+    statuses = engine.execute_batch(ids)
+    assert statuses == {ids[0]: 'succeeded', ids[1]: None, ids[2]: 'succeeded'}
+    lost = AiJob.get_by_id(ids[1])
+    assert (lost.lifecycle_status, lost.locked_by, lost.output_hash) == (
+        'running',
+        'worker-live',
+        None,
+    )
+    assert AiJobArtifact.select().where(AiJobArtifact.job_id == ids[1]).count() == 0
+    assert [u.error_code for u in usage_rows(ids[1])] == ['INTERNAL_ATTEMPT_ABANDONED']
+    assert engine.held_attempts() == []

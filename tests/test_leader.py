@@ -199,3 +199,14 @@ def test_the_scrape_shows_the_leader_and_the_time_left_on_its_lease(live_api):
     holder = live_api.runtime.instance_id
     left = value(samples, 'aijob_leader_lease_remaining_seconds', holder=holder)
     assert 0 < left <= 1.0  # FAST_SETTINGS: a 1 s lease, renewed every third of it
+
+
+def test_a_released_leadership_takes_the_lease_no_more(runtime):
+    first = Leadership(runtime.store, 'worker-a', 1000, name='test')
+    second = Leadership(runtime.store, 'worker-b', 1000, name='test')
+    first.step()
+    first.release()
+    first.step()  # a late turn of its thread
+    assert not first.held()
+    second.step()
+    assert second.held()

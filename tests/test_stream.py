@@ -1,18 +1,23 @@
 """The live event stream of a job, ``GET /api/ai/jobs/{id}/stream`` (architecture decision 15),
 through WSGI in-process on both backend pairs: every change of a job that retries and succeeds,
 in order, then its final status and the end; ``Last-Event-ID`` resumes without a repeat; the
-heartbeat, the time cap, the per-user cap and who may watch."""
+heartbeat, the time cap, the per-user cap and who may watch; and 300 streams in a real ``serve``
+process (gevent: greenlets, not threads)."""
 
 import contextlib
 import json
+import socket
 import threading
 import time
 
 import pytest
 
 from engine.core.history import JobHistory
+from engine.http import stream
 from tests.support.api import JOBS, Harness
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
+from tests.test_api_serve import http
+from tests.test_web_tier import BOUND_S, create, serve, timed  # noqa: F401
 
 RETRIES_THEN_SUCCEEDS = {
     'failWith': 'PROVIDER_UNAVAILABLE',
@@ -123,6 +128,17 @@ def test_resuming_with_last_event_id_repeats_nothing(make_stream_api):
     assert fresh == dict(whole[-1])
 
 
+def test_a_history_longer_than_one_read_is_sent_whole(make_stream_api, monkeypatch):
+    api = make_stream_api()
+    job_id = api.create(input=RETRIES_THEN_SUCCEEDS)
+    api.runtime.start_background()
+    wait_terminal(api.runtime, job_id)
+    whole = events(read_stream(api.a, job_id, last_event_id=0))
+    monkeypatch.setattr(stream, 'ROWS_PER_READ', 2)  # read the history two rows at a time
+    assert events(read_stream(api.a, job_id, last_event_id=0)) == whole
+    assert len(whole) > 5
+
+
 def test_an_idle_stream_gets_heartbeats_and_ends_at_its_time_cap(make_stream_api):
     api = make_stream_api(AIJOB_STREAM_HEARTBEAT_MS='150', AIJOB_STREAM_MAX_S='1')
     job_id = api.create()  # queued; no worker runs
@@ -181,7 +197,10 @@ def test_a_cancelled_running_job_streams_its_cancel_and_ends(make_stream_api):
     reader = threading.Thread(target=lambda: got.update(messages=read_stream(api.a, job_id)))
     reader.start()
     deadline = time.monotonic() + 10
-    while api.a.get(JOBS + '/' + job_id).json['lifecycleStatus'] != 'running':
+    while (
+        api.a.get(JOBS + '/' + job_id).json['lifecycleStatus'] != 'running'
+        or api.app.aijob_api.streams.count == 0  # the stream has opened (and read its status)
+    ):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     assert api.a.post(JOBS + '/' + job_id + '/cancel').status in (200, 202)
@@ -189,3 +208,61 @@ def test_a_cancelled_running_job_streams_its_cancel_and_ends(make_stream_api):
     kinds = [m['event'] for m in events(got['messages'])]
     assert kinds[-2:] == ['cancelled', 'status']
     assert 'cancel_requested' in kinds
+
+
+# ---------------------------------------------------------------- a real gevent web tier
+def open_raw_stream(port, token, job_id):
+    """A stream on a raw socket (HTTP/1.0: the body is the events as sent, ended by a close)."""
+    sock = socket.create_connection(('127.0.0.1', port), timeout=60)
+    head = 'GET /api/ai/jobs/%s/stream HTTP/1.0\r\nAuthorization: Bearer %s\r\n\r\n' % (
+        job_id,
+        token,
+    )
+    sock.sendall(head.encode('latin-1'))
+    return sock
+
+
+def until_opened(sock):
+    """What ``sock`` received up to its opening status event (the rest is read later)."""
+    received = b''
+    while b'event: status' not in received or not received.endswith(b'\n\n'):
+        chunk = sock.recv(65536)
+        assert chunk, received
+        received += chunk
+    return received
+
+
+def rest(sock):
+    """Everything ``sock`` still receives until the server closes it."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    sock.close()
+    return b''.join(chunks)
+
+
+def answer(raw):
+    head, _, body = raw.partition(b'\r\n\r\n')
+    return int(head.split()[1]), head.decode('latin-1').lower(), body
+
+
+def test_300_streams_in_a_serve_process_each_get_every_change_while_healthz_answers(serve):  # noqa: F811
+    base, port, token, _ = serve(AIJOB_MAX_STREAMS_PER_USER='1000')
+    job_id = create(base, token, {'sleepMs': 3000, 'progressSteps': 3})
+    streams = [open_raw_stream(port, token, job_id) for _ in range(300)]
+    openings = [until_opened(sock) for sock in streams]  # all 300 held open at once, then:
+    for _ in range(5):
+        response, took = timed('GET', base + '/healthz')
+        assert response.status == 200 and took < BOUND_S
+    bodies = [answer(opening + rest(sock)) for sock, opening in zip(streams, openings, strict=True)]
+    assert {status for status, _, _ in bodies} == {200}
+    final = http('GET', base + '/api/ai/jobs/' + job_id, token).json
+    for _, headers, body in bodies:
+        assert 'text/event-stream' in headers
+        messages = parse(body)
+        assert (events(messages)[-1]['event'], events(messages)[-1]['data']) == ('status', final)
+    # The streams opened while the job was in one state or another; each got every change after
+    # its opening status, so they all end with the same events.
+    tails = {json.dumps([m['id'] for m in events(parse(body))][-3:]) for _, _, body in bodies}
+    assert len(tails) == 1
+    assert [m['event'] for m in events(parse(bodies[0][2]))][-3:-1] == ['progress', 'succeeded']

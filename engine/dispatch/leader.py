@@ -29,6 +29,7 @@ class Leadership:
         self._valid_until = 0.0  # monotonic; leader while now < this
         self._leader = False  # as last logged
         self._failing = False
+        self._released = False  # a stopping process takes the lease no more
         self._lock = threading.Lock()
 
     def held(self):
@@ -37,6 +38,8 @@ class Leadership:
 
     def step(self):
         """One attempt to take or renew the lease; returns the seconds to wait until the next."""
+        if self._released:
+            return self.ttl_s
         sent = time.monotonic()
         try:
             with self.connection():
@@ -47,6 +50,10 @@ class Leadership:
             self._failing = True
             return self._after_failure()
         self._failing = False
+        if state.held and self._released:  # renewed while the process stopped: give it back
+            with self.connection():
+                self.lease.release()
+            return self.ttl_s
         with self._lock:
             if state.held:
                 self._valid_until = sent + self.ttl_s
@@ -80,6 +87,7 @@ class Leadership:
     def release(self):
         """A clean shutdown: give the lease up at once, so a follower need not wait it out."""
         with self._lock:
+            self._released = True
             was_leader, self._valid_until = self._leader, 0.0
             if not was_leader:
                 return

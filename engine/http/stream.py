@@ -33,6 +33,7 @@ CONTENT_TYPE = 'text/event-stream; charset=utf-8'
 RECONNECT_MS = 2000  # the ``retry:`` an EventSource waits before it reconnects
 READ_CHUNK = 500  # job ids per batched read of the streams' latest event ids
 ROWS_PER_READ = 200  # history rows sent per read of a job's new rows
+DONE, MORE, WAIT = 'done', 'more', 'wait'  # what a stream does after sending what it read
 
 
 def parse_last_event_id(raw):
@@ -125,15 +126,17 @@ class JobStream:
                     return
             last_sent = time.monotonic()
             while True:
-                chunks, terminal = self._new_events()
+                chunks, state = self._new_events()
                 for chunk in chunks:
                     yield chunk
                     sent += 1
                 if chunks:
                     last_sent = time.monotonic()
-                if terminal:
+                if state == DONE:
                     reason = 'terminal'
                     return
+                if state == MORE:
+                    continue  # a long history: read on at once, the watch has seen it all
                 reason = self._wait(started, last_sent)
                 while reason == 'heartbeat':  # nothing to read: only the comment goes out
                     yield b': keepalive\n\n'
@@ -141,6 +144,9 @@ class JobStream:
                     reason = self._wait(started, last_sent)
                 if reason != 'changed':
                     return
+        except GeneratorExit:  # the server closed the stream: its client went away
+            reason = 'client_gone'
+            raise
         except Exception:  # the store went away mid-stream: end it; the client resumes later
             reason = 'store_unavailable'
             log_event('http.stream_failed', logging.WARNING, exc_info=True, job_id=job_id)
@@ -155,22 +161,23 @@ class JobStream:
             )
 
     def _new_events(self):
-        """(messages for the history rows after ``after_id``, whether the stream is done). The
-        job's status is read first: once it is terminal, every row up to its terminal change is
+        """(messages for the history rows after ``after_id``, DONE, MORE or WAIT). The job's
+        status is read first: once it is terminal, every row up to its terminal change is
         committed, so the rows read next include them, and the final status goes last."""
         with self.store.connection():
             job, refs = find_for_status(self.waiter.job_id)
             if job is None:
-                return [], True
+                return [], DONE
             rows = self.history.list(self.waiter.job_id, self.after_id, ROWS_PER_READ)
-            more = len(rows) == ROWS_PER_READ
         chunks = [message(row.kind, row.public(), row.id) for row in rows]
         if rows:
             self.after_id = rows[-1].id
-        if job.lifecycle_status in TERMINAL and not more:
+        if len(rows) == ROWS_PER_READ:
+            return chunks, MORE
+        if job.lifecycle_status in TERMINAL:
             chunks.append(message('status', job_status(job, refs), self.after_id))
-            return chunks, True
-        return chunks, False
+            return chunks, DONE
+        return chunks, WAIT
 
     def _wait(self, started, last_sent):
         """Until the watch sees a new row ('changed'), a heartbeat is due, the stream's time is
