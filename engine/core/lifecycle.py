@@ -140,6 +140,7 @@ _SELECT_LOCKED = (
 _SELECT_SNAPSHOTS = 'SELECT job_id, content FROM ai_job_snapshot WHERE job_id IN (%s)'
 # Jobs one batch lock takes at most (a bound on its IN list).
 LOCK_BATCH = 100
+_ATTEMPT = RUN_COLUMNS.index('attempt_no')
 CANCELLED_VALUES = {'error_code': 'CANCELLED', 'public_error_message': 'The job was cancelled.'}
 # Held jobs per heartbeat statement (a bound on the statement's size and its IN list).
 EXTEND_BATCH = 500
@@ -301,25 +302,33 @@ class AiJobLifecycleRepository:
         update = self._lock_text.replace('{ids}', 'id IN (%s)' % marks)
         params = [instance_id, ttl] + ids
 
-        def write(tx):  # the locks and their history rows (one INSERT for all) commit together
-            if self.store.dialect == 'sqlite':
-                locked = self._lock_returning(update, params)
-            else:
-                locked = self._lock_then_read(update, params, ids, instance_id)
-            insert_events(self.store, [lock_event(job, instance_id) for job, _ in locked])
-            return locked
+        if self.store.dialect == 'sqlite':
+            locked = self._lock_returning(update, params, instance_id)
+        else:
 
-        locked = self._in_transaction(write)
-        if self.store.dialect == 'sqlite':  # read after the commit: SQLite has one writer
-            locked = self._with_snapshots([job for job, _ in locked])
+            def write(tx):  # the locks and their history rows (one INSERT) commit together
+                locked = self._lock_then_read(update, params, ids, instance_id)
+                insert_events(self.store, [lock_event(job, instance_id) for job, _ in locked])
+                return locked
+
+            locked = self._in_transaction(write)
         order = {job_id: i for i, job_id in enumerate(ids)}
         return sorted(locked, key=lambda pair: order[pair[0].id])
 
-    def _lock_returning(self, update, params):
-        """SQLite: the UPDATE returns exactly the rows it changed, as [(job, None)]."""
-        returning = ' RETURNING ' + ', '.join(RUN_COLUMNS)
-        rows = self.store.execute(statement(update + returning), params).fetchall()
-        return [(job_from_row(RUN_COLUMNS, row), None) for row in rows]
+    def _lock_returning(self, update, params, instance_id):
+        """SQLite: the UPDATE returns exactly the rows it changed; with their history rows it
+        commits, and only then are the rows made jobs and their snapshots read: SQLite has one
+        writer, so its write lock is held for the two statements and little Python."""
+        statement_ = statement(update + ' RETURNING ' + ', '.join(RUN_COLUMNS))
+        detail = {'worker': instance_id}
+
+        def write(tx):
+            rows = self.store.execute(statement_, params).fetchall()
+            insert_events(self.store, [_lock_row(row[0], row[_ATTEMPT], detail) for row in rows])
+            return rows
+
+        rows = self._in_transaction(write)
+        return self._with_snapshots([job_from_row(RUN_COLUMNS, row) for row in rows])
 
     def _with_snapshots(self, jobs):
         """[(job, snapshot content)] for ``jobs``, their snapshots read in one statement."""
@@ -655,5 +664,9 @@ class AiJobLifecycleRepository:
 def lock_event(job, instance_id):
     """The history row of a lock: ``started`` for the first attempt, ``taken_over`` for a later
     one (the previous holder died, stalled or handed the job back)."""
-    kind = history.STARTED if job.attempt_no == 1 else history.TAKEN_OVER
-    return NewEvent(job.id, kind, job.attempt_no, {'worker': instance_id})
+    return _lock_row(job.id, job.attempt_no, {'worker': instance_id})
+
+
+def _lock_row(job_id, attempt_no, detail):
+    kind = history.STARTED if attempt_no == 1 else history.TAKEN_OVER
+    return NewEvent(job_id, kind, attempt_no, detail)
