@@ -626,3 +626,12 @@ def test_usage_times_beyond_utc_are_clamped_and_bad_ones_are_400(api):
     for query in ({'until': ''}, {'until': 'tomorrow'}, {'since': '2026-01-01 00:00:00Z'}):
         response = api.admin.get('/admin-api/ai/usage', query=query)
         assert response.status == 400 and response.json['error']['field'] in query
+
+
+def test_a_whole_number_written_as_a_float_is_an_integer(api):
+    """JSON (and the document's schema) make 48.0 the integer 48: a priority so written is
+    taken, not refused."""
+    response = api.a.post(JOBS, job_body(overrides={'priority': 48.0}))
+    assert response.status == 201 and response.json['priority'] == 48
+    response = api.a.post(JOBS, job_body(overrides={'priority': 48.5}))
+    assert response.status == 400 and response.json['error']['field'] == 'overrides.priority'

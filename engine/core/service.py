@@ -393,6 +393,8 @@ def _validate_overrides(definition, overrides):
         )
     result = {k: v for k, v in overrides.items() if v is not None}
     priority = result.get('priority')
+    if isinstance(priority, float) and priority.is_integer():
+        priority = result['priority'] = int(priority)  # 48.0 is the JSON integer 48
     if priority is not None and (
         not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 100
     ):

@@ -198,6 +198,18 @@ def _delivery_paths():
     }
 
 
+# OpenAPI 3.1: a text/event-stream schema describes each event (its fields as sent).
+SSE_EVENT = {
+    'type': 'object',
+    'properties': {
+        'event': {'type': 'string'},
+        'data': {'type': 'string', 'description': 'JSON: the status or the event row.'},
+        'id': {'type': 'string', 'pattern': '^[0-9]+$'},
+        'retry': {'type': 'integer'},
+    },
+}
+
+
 def _stream_paths():
     return {
         '/api/ai/jobs/{jobId}/stream': {
@@ -224,7 +236,7 @@ def _stream_paths():
                     {
                         '200': {
                             'description': 'The stream (text/event-stream).',
-                            'content': {'text/event-stream': {'schema': {'type': 'string'}}},
+                            'content': {'text/event-stream': {'schema': SSE_EVENT}},
                         },
                         '204': {
                             'description': 'Resumed after the last event of a job that has '
