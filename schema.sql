@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS `ai_job` (
   KEY `ai_job_user_id_lifecycle_status` (`user_id`, `lifecycle_status`),
   KEY `ai_job_user_id_created_at` (`user_id`, `created_at`),
   KEY `ai_job_job_type_created_at` (`job_type`, `created_at`),
+  KEY `ai_job_job_type_queue_name_created_at` (`job_type`, `queue_name`, `created_at`),
   KEY `ai_job_queue_name_created_at` (`queue_name`, `created_at`),
   KEY `ai_job_created_at` (`created_at`),
   KEY `ai_job_retry_of_job_id` (`retry_of_job_id`),

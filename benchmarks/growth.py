@@ -8,14 +8,16 @@ On its own MariaDB database (dropped and created: ``--database-url``, default
    of the WSGI app, ``engine.http.app.create_app``; p50 and mean), and the admin list's first page
    and a deep page (nextCursor followed ``--deep-pages`` pages, or as far as there are pages),
    unfiltered and with every filter the API allows;
-2. ``--rows`` finished jobs (default 1 000 000) with their snapshots, published outbox events
-   and artifacts (ai_artifact + ai_job_artifact), written by INSERT … SELECT from the sequence
+2. ``--rows`` finished jobs (default 1 000 000) with their snapshots, published outbox events,
+   artifacts (ai_artifact + ai_job_artifact) and history rows (ai_job_event: created,
+   dispatched, started when it ran, and its end), written by INSERT … SELECT from the sequence
    engine (``seq_1_to_N``): 200 users (skewed), two job types, both queues, succeeded / failed /
    cancelled, created over the past 28 days with UUIDv7-like ids that increase with created_at;
 3. ANALYZE TABLE, the same figures again, then both sets and the ratios; last, one purger sweep
    at the default retention settings, timed, and what it left.
 
-The bench children run with AIJOB_OUTBOX_RETENTION_MS at 60 days, so the purger (which sweeps
+The bench children run with AIJOB_OUTBOX_RETENTION_MS and AIJOB_HISTORY_RETENTION_MS at 60 days,
+so the purger (which sweeps
 as the worker starts) deletes nothing during a measured run: the "after" figures are with every
 row still present.
 
@@ -52,7 +54,14 @@ USERS = 200
 HEAVY_USER = 'user-000'  # ~7% of the filled jobs (the users are skewed)
 CHUNK = 100_000
 RETENTION_DURING_BENCH_MS = str(60 * 24 * 3600 * 1000)
-TABLES = ('ai_job', 'ai_job_snapshot', 'outbox_event', 'ai_artifact', 'ai_job_artifact')
+TABLES = (
+    'ai_job',
+    'ai_job_snapshot',
+    'outbox_event',
+    'ai_artifact',
+    'ai_job_artifact',
+    'ai_job_event',
+)
 
 
 def connect(url):
@@ -158,6 +167,21 @@ SELECT job_id, artifact_type, id, 0, created_at FROM ai_artifact
 WHERE job_id BETWEEN %(lo)s AND %(hi)s ORDER BY job_id
 """
 
+# What the lifecycle writes for a finished job: created and dispatched at creation, started when
+# it was locked (a job cancelled while queued never was), then its terminal row.
+HISTORY_FILL = """
+INSERT INTO ai_job_event (job_id, kind, attempt_no, detail, created_at)
+SELECT j.id, IF(k.n = 3, j.lifecycle_status, k.kind), IF(k.n < 2, 0, 1),
+       CONCAT('{"queue":"', j.queue_name, '","priority":', j.priority, '}'),
+       CASE k.n WHEN 2 THEN j.started_at WHEN 3 THEN j.finished_at ELSE j.created_at END
+FROM ai_job j
+JOIN (SELECT 0 AS n, 'created' AS kind UNION ALL SELECT 1, 'dispatched'
+      UNION ALL SELECT 2, 'started' UNION ALL SELECT 3, 'end') k
+WHERE j.id BETWEEN %(lo)s AND %(hi)s AND j.target_type = 'note'
+  AND (k.n <> 2 OR j.started_at IS NOT NULL)
+ORDER BY j.id, k.n
+"""
+
 
 def fill(url, rows):
     conn = connect(url)
@@ -188,6 +212,7 @@ def fill(url, rows):
             ('outbox_event', OUTBOX_FILL),
             ('ai_artifact', ARTIFACT_FILL),
             ('ai_job_artifact', LINK_FILL),
+            ('ai_job_event', HISTORY_FILL),
         ):
             t0 = time.monotonic()
             for lo, hi in ranges:
@@ -412,6 +437,7 @@ def alternate(args):
     empty_url = args.database_url + '_empty'
     base = dict(os.environ, AIJOB_REDIS_URL=args.redis_url)
     base['AIJOB_OUTBOX_RETENTION_MS'] = RETENTION_DURING_BENCH_MS
+    base['AIJOB_HISTORY_RETENTION_MS'] = RETENTION_DURING_BENCH_MS
     ratios, gets = [], {'empty': [], 'filled': []}
     for pair in range(args.ab):
         recreate_database(empty_url)
@@ -495,6 +521,7 @@ def run(args):
         AIJOB_DATABASE_URL=args.database_url,
         AIJOB_REDIS_URL=args.redis_url,
         AIJOB_OUTBOX_RETENTION_MS=RETENTION_DURING_BENCH_MS,
+        AIJOB_HISTORY_RETENTION_MS=RETENTION_DURING_BENCH_MS,
     )
     config = Config.from_env(env)
     recreate_database(args.database_url)

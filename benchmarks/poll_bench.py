@@ -81,7 +81,7 @@ class Server:
         )
         print('%s: pid %d on port %d' % (name, self.process.pid, port))
 
-    def wait_ready(self, path, headers, timeout_s=30):
+    def wait_ready(self, path, headers, timeout_s=120):
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

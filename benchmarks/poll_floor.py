@@ -1,9 +1,10 @@
 """The floor for the status GET (issue 9, item 5): a bare bottle app under gunicorn with the same
-settings ``python aijob.py web`` uses (``engine.http.server.gunicorn_options``: gthread worker
-class, AIJOB_WEB_THREADS threads per worker, the same keep-alive and timeouts), answering
-``GET /job/<id>`` with one primary-key read of ``ai_job`` through pymysql, one connection per
-thread, and the row as JSON. No auth, no ORM, no artifact query: what a status read cannot go
-below on this stack.
+settings ``python aijob.py web`` uses (``engine.http.server.gunicorn_options``: the gevent worker
+class, the same worker connections, keep-alive and timeouts, and the same per-worker setup:
+greenlet-local bottle state, lazy objects resolved before the fork), answering ``GET /job/<id>``
+with one primary-key read of ``ai_job`` through pymysql on a connection taken from a per-process
+pool of idle connections (as the engine's store does), and the row as JSON. No auth, no ORM, no
+artifact query: what a status read cannot go below on this stack.
 
     AIJOB_DATABASE_URL=mysql://root@127.0.0.1:3306/test_bench \\
         python benchmarks/poll_floor.py --port 8100 --workers 4
@@ -14,7 +15,6 @@ import datetime
 import json
 import os
 import sys
-import threading
 from urllib.parse import unquote, urlsplit
 
 import bottle
@@ -25,7 +25,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.core.config import Config  # noqa: E402
 from engine.core.logs import configure as configure_logging  # noqa: E402
-from engine.http.server import gunicorn_options  # noqa: E402
+from engine.http.server import (  # noqa: E402
+    greenlet_locals,
+    gunicorn_options,
+    resolve_lazy_objects,
+)
 
 QUERY = 'SELECT * FROM ai_job WHERE id = %s'
 
@@ -53,24 +57,20 @@ def _json_default(value):
 
 def create_floor_app(database_url):
     args = connect_args(database_url)
-    local = threading.local()
+    idle = []  # this process's open connections not in use (a greenlet takes one per request)
     app = bottle.Bottle()
-
-    def cursor():
-        conn = getattr(local, 'conn', None)
-        if conn is None:
-            conn = local.conn = pymysql.connect(**args)
-        return conn.cursor(pymysql.cursors.DictCursor)
 
     @app.get('/job/<job_id>')
     def get_job(job_id):
+        conn = idle.pop() if idle else pymysql.connect(**args)
         try:
-            with cursor() as cur:
+            with conn.cursor(pymysql.cursors.DictCursor) as cur:
                 cur.execute(QUERY, (job_id,))
                 row = cur.fetchone()
         except pymysql.MySQLError:
-            local.conn = None  # reconnect on the next request
+            conn.close()  # a broken connection is not handed back
             raise
+        idle.append(conn)
         if row is None:
             bottle.response.status = 404
             row = {'error': 'not found'}
@@ -92,6 +92,7 @@ class FloorGunicorn(BaseApplication):
         self.cfg.set('proc_name', 'aijob-poll-floor')
 
     def load(self):
+        greenlet_locals()  # as ``web``: bottle's request state per greenlet, not per process
         return create_floor_app(self.database_url)
 
 
@@ -104,6 +105,7 @@ def main(argv=None):
     config = Config.from_env()
     configure_logging()
     options = gunicorn_options(config, args.host, args.port, args.workers or config.web_workers)
+    resolve_lazy_objects()
     FloorGunicorn(config.database_url, options).run()
 
 

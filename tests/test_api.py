@@ -429,6 +429,8 @@ def test_admin_list_filters(api):
     assert ids(lifecycleStatus='pending') == [a1]  # legacy name (contracts §1.5)
     assert ids(lifecycleStatus='cancelled,failed') == [b1, a2]
     assert ids(jobType='synthetic', queueName='ai-interactive') == [b1, a2, a1]
+    assert ids(jobType='synthetic', queueName='ai-background') == []  # their own index
+    assert ids(jobType='synthetic', queueName='ai-interactive', userId='user-b') == [b1]
     assert ids(jobType='other') == [] and ids(queueName='ai-background') == []
     created = api.a.get(JOBS + '/' + a2).json['createdAt']
     assert ids(createdFrom=created) == [b1, a2]

@@ -133,6 +133,7 @@ class AiJob(BaseModel):
             (('user_id', 'lifecycle_status'), False),  # per-user active-job limit
             (('user_id', 'created_at'), False),  # daily quota, user listing
             (('job_type', 'created_at'), False),  # admin filter
+            (('job_type', 'queue_name', 'created_at'), False),  # admin filter: both, rarely met
             (('queue_name', 'created_at'), False),  # admin filter
             (('created_at',), False),  # admin range
             (('retry_of_job_id',), False),

@@ -25,6 +25,7 @@ ADDED_COLUMNS = (('ai_usage_log', 'call_no', 'INTEGER NOT NULL DEFAULT 1'),)
 ADDED_INDEXES = (
     ('ai_job', 'ai_job_finished_at', 'finished_at'),
     ('ai_job_event', 'ai_job_event_created_at', 'created_at'),
+    ('ai_job', 'ai_job_job_type_queue_name_created_at', 'job_type, queue_name, created_at'),
 )
 
 # Normalised by peewee from both drivers; the rest of the engine uses these names only.

@@ -9,8 +9,10 @@ own order, LIMIT rows long, with no sort — whatever the table's size (ai_job_c
 is no equality filter). On MySQL/MariaDB the read names those indexes (FORCE INDEX, the optimizer
 still picks among them): left alone, MariaDB 10.11 reads a deep page's index by its equality
 prefix only ("ref") and filters the created-at bound row by row, which with 1 000 000 jobs took
-seconds. Two equality filters whose rows rarely meet (a job type on a queue it never uses) still
-walk one filter's index until a page is full. Several lifecycle statuses are one such read per
+seconds. A job type and a queue together have an index of their own (job type, queue,
+created_at), since their rows rarely meet (a job type on a queue it never uses would walk one
+filter's index to its end: 3.3 s with 1 000 000 jobs); other pairs of equality filters walk the
+more selective filter's index until a page is full. Several lifecycle statuses are one such read per
 status, merged here: an IN list over an index cannot come out in created-at order, and sorting
 every matching row would grow with the table. Cursors of the first version (``v1``: the last id
 only) still work: the id's created_at is read back once."""
@@ -56,6 +58,7 @@ _SORTED_INDEXES = (
     ('queue_name', 'ai_job_queue_name_created_at'),
 )
 _CREATED_AT_INDEX = 'ai_job_created_at'
+_TYPE_AND_QUEUE_INDEX = 'ai_job_job_type_queue_name_created_at'
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,9 @@ def _rows(job_ids):
 def _indexes(query):
     """The indexes that read ``query``'s rows in the list's order: one per equality filter."""
     names = [name for field, name in _SORTED_INDEXES if getattr(query, field)]
+    if query.job_type and query.queue_name:
+        # a job type on a queue it never uses would walk either index to its end
+        names.append(_TYPE_AND_QUEUE_INDEX)
     return names + [_CREATED_AT_INDEX]
 
 
