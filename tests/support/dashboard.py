@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 import pytest
 
 from tests.support.backends import IN_CI
+from tests.support.wsgi import call_wsgi
 
 CHROMIUM = os.environ.get('AIJOB_TEST_CHROMIUM', '/usr/bin/chromium')
 
@@ -94,18 +95,7 @@ class FormClient:
         return page
 
     def _call(self, environ):
-        captured = {}
-
-        def start_response(status, headers, exc_info=None):
-            captured['status'], captured['headers'] = int(status.split()[0]), headers
-
-        chunks = self.app(environ, start_response)
-        try:
-            body = b''.join(chunks)
-        finally:
-            if hasattr(chunks, 'close'):
-                chunks.close()
-        return Page(captured['status'], captured['headers'], body)
+        return Page(*call_wsgi(self.app, environ))
 
     def sign_in(self, token):
         form = self.get('/dashboard/login')

@@ -17,6 +17,22 @@ LEAK = re.compile(
 )
 
 
+def call_wsgi(app, environ):
+    """Run one request through a WSGI app: (status code, headers, whole body)."""
+    captured = {}
+
+    def start_response(status, headers, exc_info=None):
+        captured['status'], captured['headers'] = int(status.split()[0]), headers
+
+    chunks = app(environ, start_response)
+    try:
+        body = b''.join(chunks)
+    finally:
+        if hasattr(chunks, 'close'):
+            chunks.close()
+    return captured['status'], captured['headers'], body
+
+
 class Response:
     def __init__(self, status, headers, body):
         self.status = status
@@ -152,18 +168,7 @@ class WsgiClient:
         return response
 
     def _call(self, environ):
-        captured = {}
-
-        def start_response(status, headers, exc_info=None):
-            captured['status'], captured['headers'] = int(status.split()[0]), headers
-
-        chunks = self.app(environ, start_response)
-        try:
-            body = b''.join(chunks)
-        finally:
-            if hasattr(chunks, 'close'):
-                chunks.close()
-        return Response(captured['status'], captured['headers'], body)
+        return Response(*call_wsgi(self.app, environ))
 
     def _open(self, environ):
         captured = {}
