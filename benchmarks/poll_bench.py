@@ -5,8 +5,10 @@ and one finished synthetic job, starts ``python aijob.py web --workers 4`` and t
 (``benchmarks/poll_floor.py``, same gunicorn settings, one primary-key read) on free ports, drives
 each in turn with ``wrk -c16 -d10s`` when ``wrk`` is installed, else with a Python client of 16
 keep-alive http.client connections (threads, spread over two processes so one GIL does not cap
-it), and prints the requests/s of each and, last, ``status_get_rps=… floor_rps=…
-status_get_vs_floor=…``. It stops only the processes it started, by pid.
+it), in ``--rounds`` alternating rounds with both servers up, and prints each round's
+requests/s and ratio and, last, the medians: ``status_get_rps=… floor_rps=…
+status_get_vs_floor=…`` (the median of the per-round ratios). It stops only the processes it
+started, by pid.
 
     AIJOB_DATABASE_URL=mysql://root@127.0.0.1:3306/test_bench \\
     AIJOB_REDIS_URL=redis://127.0.0.1:6379/3 python benchmarks/poll_bench.py
@@ -20,6 +22,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -195,6 +198,7 @@ def main(argv=None):
     parser.add_argument('--workers', type=int, default=4, help='gunicorn workers of both apps')
     parser.add_argument('--connections', type=int, default=16)
     parser.add_argument('--duration', type=int, default=10, help='seconds per target')
+    parser.add_argument('--rounds', type=int, default=5, help='alternating rounds')
     parser.add_argument('--python-client', action='store_true', help='even if wrk is installed')
     args = parser.parse_args(argv)
     config = Config.from_env()
@@ -220,24 +224,50 @@ def main(argv=None):
             {},
         ),
     )
-    rps = {}
-    for name, argv, path, headers in targets:
-        port = free_port()
-        server = Server(name, argv + ['--port', str(port)], port)
-        try:
-            server.wait_ready(path, headers)
-            if use_wrk:
-                rps[name], errors = run_wrk(port, path, headers, args.connections, args.duration)
-            else:
-                rps[name], errors = run_python_client(
-                    port, path, headers, args.connections, args.duration
-                )
-        finally:
+    servers = []
+    try:
+        for name, server_argv, path, headers in targets:
+            port = free_port()
+            servers.append(Server(name, server_argv + ['--port', str(port)], port))
+            servers[-1].wait_ready(path, headers)
+        ratios, seen = [], {'status_get': [], 'floor': []}
+        for n in range(args.rounds):
+            # Both servers stay up and idle while the other is driven; the order alternates so
+            # that neither always runs first after a pause.
+            order = list(zip(servers, targets, strict=True))
+            if n % 2:
+                order.reverse()
+            rps = {}
+            for server, (name, _, path, headers) in order:
+                if use_wrk:
+                    rps[name], errors = run_wrk(
+                        server.port, path, headers, args.connections, args.duration
+                    )
+                else:
+                    rps[name], errors = run_python_client(
+                        server.port, path, headers, args.connections, args.duration
+                    )
+                if errors:
+                    raise SystemExit('poll_bench: %s answered %d errors' % (name, errors))
+            ratios.append(rps['status_get'] / rps['floor'])
+            for name, value in rps.items():
+                seen[name].append(value)
+            print(
+                'round %d: status_get %.1f requests/s, floor %.1f, ratio %.2f'
+                % (n + 1, rps['status_get'], rps['floor'], ratios[-1])
+            )
+    finally:
+        for server in servers:
             server.stop()
-        print('%s: %.1f requests/s (%d errors)' % (name, rps[name], errors))
     print(
-        'status_get_rps=%.1f floor_rps=%.1f status_get_vs_floor=%.2f'
-        % (rps['status_get'], rps['floor'], rps['status_get'] / rps['floor'])
+        'status_get_rps=%.1f floor_rps=%.1f status_get_vs_floor=%.2f (median of %d rounds: %s)'
+        % (
+            statistics.median(seen['status_get']),
+            statistics.median(seen['floor']),
+            statistics.median(ratios),
+            len(ratios),
+            ', '.join('%.2f' % r for r in ratios),
+        )
     )
     return 0
 

@@ -25,11 +25,11 @@ STATUS_COLUMNS = (
 )
 
 
-# The job and its artifact references in one round trip (links exist only for a succeeded job).
 SELECT_STATUS = Statement(
-    'SELECT %s, a.artifact_type, a.artifact_id FROM ai_job j '
-    'LEFT JOIN ai_job_artifact a ON a.job_id = j.id '
-    'WHERE j.id = %%s ORDER BY a.ordinal, a.id' % ', '.join('j.' + c.name for c in STATUS_COLUMNS)
+    'SELECT %s FROM ai_job WHERE id = %%s' % ', '.join(c.name for c in STATUS_COLUMNS)
+)
+SELECT_ARTIFACT_REFS = Statement(
+    'SELECT artifact_type, artifact_id FROM ai_job_artifact WHERE job_id = %s ORDER BY ordinal, id'
 )
 _STATUS_NAMES = tuple(c.name for c in STATUS_COLUMNS)
 
@@ -39,13 +39,40 @@ class ArtifactLink(NamedTuple):
     artifact_id: str
 
 
+class _SucceededRefs:
+    """The artifact references of succeeded jobs this process has read. A job's links are
+    written in the transaction that marks it succeeded and never change after (a retry is a new
+    job), so a succeeded job polled again costs one read, not two. Bounded: when full it starts
+    over rather than track recency on the hot path."""
+
+    LIMIT = 10000
+
+    def __init__(self):
+        self._refs = {}
+
+    def get(self, job_id):
+        refs = self._refs.get(job_id)
+        if refs is None:
+            rows = execute(SELECT_ARTIFACT_REFS, (job_id,)).fetchall()
+            refs = tuple(ArtifactLink(*row) for row in rows)
+            if len(self._refs) >= self.LIMIT:
+                self._refs = {}
+            self._refs[job_id] = refs
+        return refs
+
+
+SUCCEEDED_REFS = _SucceededRefs()
+
+
 def find_for_status(job_id):
-    """(job with STATUS_COLUMNS only, its artifact references in ordinal order), or (None, ())."""
-    rows = execute(SELECT_STATUS, (job_id,)).fetchall()
-    if not rows:
+    """(job with STATUS_COLUMNS only, its artifact references in ordinal order), or (None, ()).
+    One read of the job's row; the references only for a succeeded job (no other has any), and
+    only the first time this process sees it succeeded."""
+    row = execute(SELECT_STATUS, (job_id,)).fetchone()
+    if row is None:
         return None, ()
-    job = job_from_row(_STATUS_NAMES, rows[0][: len(_STATUS_NAMES)])
-    refs = tuple(ArtifactLink(row[-2], row[-1]) for row in rows if row[-1] is not None)
+    job = job_from_row(_STATUS_NAMES, row)
+    refs = SUCCEEDED_REFS.get(job_id) if job.lifecycle_status == SUCCEEDED else ()
     return job, refs
 
 

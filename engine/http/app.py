@@ -90,8 +90,13 @@ BOTTLE_ERRORS = {
 
 
 # ---------------------------------------------------------------- responses
+def encode(body):
+    return json.dumps(body, separators=(',', ':'), ensure_ascii=False).encode('utf-8')
+
+
 def reply(body, status=200, headers=None):
-    data = json.dumps(body, separators=(',', ':'), ensure_ascii=False).encode('utf-8')
+    """A JSON response; ``body`` is a JSON value, or bytes already encoded by ``encode``."""
+    data = body if isinstance(body, bytes) else encode(body)
     all_headers = {'Content-Type': JSON_TYPE, 'Cache-Control': 'no-store'}
     all_headers.update(headers or {})
     return bottle.HTTPResponse(body=data, status=status, headers=all_headers)
@@ -594,20 +599,20 @@ class Api:
         with self.store.connection():
             principal = self.caller()
             wait_ms, known = _wait_ms(), _if_none_match()
-            body, etag = self.status_with_etag(*self.visible_status(job_id, principal))
+            body, etag, data = self.status_with_etag(*self.visible_status(job_id, principal))
         if wait_ms and etag in (known or {etag}) and body['lifecycleStatus'] not in TERMINAL:
             waiter = self.watch.enter(job_id, principal.user_id)
             try:
-                body, etag = self.wait_for_change(waiter, body, etag, known, wait_ms)
+                body, etag, data = self.wait_for_change(waiter, body, etag, data, known, wait_ms)
             finally:
                 self.watch.leave(waiter)
         if etag in known:
             return bottle.HTTPResponse(
                 status=304, headers={'ETag': etag, 'Cache-Control': 'no-cache'}
             )
-        return reply(body, 200, {'ETag': etag, 'Cache-Control': 'no-cache'})
+        return reply(data, 200, {'ETag': etag, 'Cache-Control': 'no-cache'})
 
-    def wait_for_change(self, waiter, body, etag, known, wait_ms):
+    def wait_for_change(self, waiter, body, etag, data, known, wait_ms):
         """Wait until the job differs from what the client has (its If-None-Match, else what it
         would have got now), it is terminal, time is up, or the client has gone away (then the
         wait stops at once: nothing is read for nobody). The watch wakes the waiter when the
@@ -632,8 +637,8 @@ class Api:
                 job, refs = views.find_for_status(waiter.job_id)
             if job is None:
                 raise JobNotFoundError(waiter.job_id)
-            body, etag = self.status_with_etag(job, refs)
-        return body, etag
+            body, etag, data = self.status_with_etag(job, refs)
+        return body, etag, data
 
     def stream_job(self, job_id):
         """The job's live event stream (stream.py). Everything that can be refused is refused
@@ -686,9 +691,11 @@ class Api:
         return views.job_status(job, refs or ())
 
     def status_with_etag(self, job, refs):
+        """(body, ETag, encoded body): the tag is a digest of the bytes sent, which job_status
+        builds in a fixed key order, so the same status always has the same tag."""
         body = self.status_body(job, refs)
-        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode('utf-8')).hexdigest()
-        return body, '"%s"' % digest[:32]
+        data = encode(body)
+        return body, '"%s"' % hashlib.sha256(data).hexdigest()[:32], data
 
     def get_artifacts(self, job_id):
         job = self.visible_job(job_id, self.caller())
