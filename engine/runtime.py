@@ -151,15 +151,17 @@ class Runtime:
             self.worker.stop(grace)
             self.worker = None
 
-    def _dispatch_now(self, event):
-        """Push an event claimed in the create transaction. A failure here is not the client's:
-        the claim expires and the dispatcher's polling publishes it."""
+    def _dispatch_now(self, events):
+        """Push events claimed in a create transaction. A failure here is not the client's:
+        the claims expire and the dispatcher's polling publishes them."""
         try:
-            self.dispatcher.publish_claimed(event)
+            self.dispatcher.publish_claimed(events)
         except Exception:
-            # The claim expires and the dispatcher's polling publishes it.
             log_event(
-                'outbox.dispatch_now_failed', logging.WARNING, exc_info=True, event_id=event.id
+                'outbox.dispatch_now_failed',
+                logging.WARNING,
+                exc_info=True,
+                event_ids=[event.id for event in events],
             )
 
     def _signal_cancel(self, job_id):

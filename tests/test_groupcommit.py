@@ -157,3 +157,61 @@ def test_a_batch_member_whose_lock_was_taken_writes_nothing_and_the_others_commi
     assert AiJobArtifact.select().where(AiJobArtifact.job_id == ids[1]).count() == 0
     assert [u.error_code for u in usage_rows(ids[1])] == ['INTERNAL_ATTEMPT_ABANDONED']
     assert engine.held_attempts() == []
+
+
+def test_after_commit_runs_once_per_group_with_the_committed_works_only(runtime):
+    """What must follow a commit (the creates' pushes) runs once per committed group, with what
+    each committed work returned: not the rolled-back work's, and before run returns."""
+    store = runtime.store
+    calls = []
+    group = GroupCommit(store, after_commit=lambda outputs: calls.append(list(outputs)))
+
+    def returning(job_id, fail=False):
+        write = event_work(store, job_id, fail)
+
+        def work(tx):
+            write(tx)
+            return job_id
+
+        return work
+
+    with store.connection():
+        outcomes = group.run([returning('a'), returning('b', fail=True), returning('c')])
+    assert outcomes[0] is None and isinstance(outcomes[1], ValueError) and outcomes[2] is None
+    assert calls == [['a', 'c']]
+
+
+def test_a_failing_after_commit_leaves_the_committed_works_committed(runtime):
+    store = runtime.store
+
+    def boom(outputs):
+        raise RuntimeError('the queue is down')
+
+    group = GroupCommit(store, after_commit=boom)
+    with store.connection():
+        assert group.run([event_work(store, 'kept')]) == [None]
+        assert events('kept') == 1
+
+
+def test_creates_of_several_threads_push_each_claimed_event_once(runtime):
+    """The creates of concurrent threads commit in groups and each group's claimed events go to
+    the queue in one push: every job is queued exactly once."""
+    pushed = []
+    runtime.service.dispatch_now = lambda events: pushed.extend(e.aggregate_id for e in events)
+    ids, errors = [], []
+
+    def thread(n):
+        try:
+            with runtime.store.connection():
+                for i in range(10):
+                    ids.append(create_job(runtime, user_id='gp-%d' % n, target_id=str(i)).id)
+        except Exception as exc:  # collected for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=thread, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert sorted(pushed) == sorted(ids) and len(ids) == 40

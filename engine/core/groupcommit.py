@@ -11,6 +11,10 @@ A work that raises is taken out of its group: the transaction rolls back, the ex
 that work's outcome (as if it had run alone in a transaction that failed), and the rest of the
 group runs again without it. A deadlock retries the whole group; a store that cannot be reached
 fails every work left (each caller then waits out the outage on its own).
+
+``after_commit(outputs)``, when given, runs once per committed group on the thread that led it,
+with what each committed work returned, before any of the group's callers goes on: what must
+follow every commit (the creates' pushes to the queue) goes out once per group, not per work.
 """
 
 import contextlib
@@ -40,8 +44,9 @@ class _Ticket:
 
 
 class GroupCommit:
-    def __init__(self, store):
+    def __init__(self, store, after_commit=None):
         self.store = store
+        self.after_commit = after_commit
         self._cond = threading.Condition()
         self._waiting = []  # tickets for the next group
         self._leading = False  # a group is committing now
@@ -54,7 +59,10 @@ class GroupCommit:
         None when it committed, else the exception it raised (nothing of it was written). Call
         it inside a unit of database work (the leader commits on its thread's connection)."""
         if self.store.in_transaction():  # the caller's transaction: no one else's work joins it
-            return [self._alone(work) for work in works]
+            outputs = []
+            outcomes = [self._alone(work, outputs) for work in works]
+            self._after(outputs)
+            return outcomes
         ticket = _Ticket(list(works))
         with self._cond:
             self._waiting.append(ticket)
@@ -78,20 +86,32 @@ class GroupCommit:
                 self._cond.notify_all()
         return ticket.outcomes
 
-    def _alone(self, work):
+    def _alone(self, work, outputs):
         try:
             with self.store.atomic() as tx:
-                work(tx)
+                output = work(tx)
         except Exception as exc:
             return exc
+        outputs.append(output)
         return None
+
+    def _after(self, outputs):
+        """after_commit, whose failure is logged: the works have committed whatever it does."""
+        if self.after_commit is None or not outputs:
+            return
+        try:
+            self.after_commit(outputs)
+        except Exception:
+            log_event('group_commit.after_commit_failed', logging.WARNING, exc_info=True)
 
     def _commit(self, group):
         left = [(member, i) for member in group for i in range(len(member.works))]
         together = True
         while left:
             try:
-                self.store.run_in_transaction(functools.partial(self._all, left, together))
+                outputs = self.store.run_in_transaction(
+                    functools.partial(self._all, left, together)
+                )
             except _RowsFailed:
                 together = False  # again, each work's rows written at once: the culprit shows
                 continue
@@ -104,6 +124,7 @@ class GroupCommit:
             else:
                 self.groups += 1
                 self.works += len(left)
+                self._after(outputs)
                 return
             member.outcomes[i] = exc
             left.remove((member, i))
@@ -117,12 +138,13 @@ class GroupCommit:
     def _all(self, left, together, tx):
         """Every work of ``left`` in the transaction ``tx``, their rows written ``together``
         (sql.rows_together: one INSERT per statement for the whole group); the first work that
-        raises rolls it back (_Rollback names it)."""
+        raises rolls it back (_Rollback names it). Returns what the works returned."""
+        outputs = []
         try:
             with rows_together() if together else contextlib.nullcontext():
                 for member, i in left:
                     try:
-                        member.works[i](tx)
+                        outputs.append(member.works[i](tx))
                     except Exception as exc:
                         if self.store.is_transient(exc) or self.store.is_unreachable(exc):
                             raise  # the transaction's trouble, not this work's
@@ -133,3 +155,4 @@ class GroupCommit:
             if self.store.is_transient(exc) or self.store.is_unreachable(exc):
                 raise
             raise _RowsFailed() from exc
+        return outputs

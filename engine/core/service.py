@@ -93,14 +93,17 @@ class AiJobService:
         snapshot_ttl_ms=DEFAULT_SNAPSHOT_TTL_MS,
     ):
         self.store = store
-        self.creates = GroupCommit(store)
+        # With the creates of other threads (web requests) in one transaction, one commit; then
+        # their events, claimed in it, pushed together.
+        self.creates = GroupCommit(store, after_commit=self._push_created)
         self.snapshot_ttl_ms = snapshot_ttl_ms
         self.registry = registry
         self.lifecycle = lifecycle
         self.outbox = outbox
         self.instance_id = instance_id
-        # dispatch_now(event): pushes an event this instance claimed in the create transaction,
-        # right after commit (architecture decision 6). None: the dispatcher's polling picks it up.
+        # dispatch_now(events): pushes events this instance claimed in the create transaction,
+        # right after commit (architecture decision 6). None: the dispatcher's polling picks them
+        # up.
         self.dispatch_now = dispatch_now
         # admission(request, definition): per-user limits, checked before anything is written.
         self.admission = admission
@@ -134,13 +137,13 @@ class AiJobService:
 
         def work(tx):
             written.append(self._insert(tx, definition, request, overrides, fingerprint))
+            return written[-1]
 
         try:
-            # With the creates of other threads (web requests) in one transaction, one commit.
             [failure] = self.creates.run([work])
             if failure is not None:
                 raise failure
-            job, event = written[-1]
+            job = written[-1][0]
         except IntegrityError:
             # Lost the race for the same idempotency key (contracts §2.4, last bullet): the winner
             # has committed; read it in a fresh transaction and answer as a replay.
@@ -149,9 +152,13 @@ class AiJobService:
                 raise
             return self._replay(existing, fingerprint)
         metrics.job_created(job.job_type, job.queue_name)
-        if self.dispatch_now is not None:
-            self.dispatch_now(event)
         return CreateResult(job, True)
+
+    def _push_created(self, outputs):
+        """After a group of creates committed: the events they claimed, pushed in one call."""
+        claimed = [event for _, event in outputs if event.locked_by == self.instance_id]
+        if claimed and self.dispatch_now is not None:
+            self.dispatch_now(claimed)
 
     def _insert(self, tx, definition, request, overrides, fingerprint):
         job_id = new_id()

@@ -57,10 +57,10 @@ class OutboxDispatcher:
         events = self.outbox.claim_batch(claimer, self.batch_size)
         return self.publish(events, claimer) if events else 0
 
-    def publish_claimed(self, event):
-        """Push one event this instance claimed in its create transaction (architecture
-        decision 6) at once; its mark as published joins the next batch of marks."""
-        return self.publish([event], self.instance_id, defer_marks=True)
+    def publish_claimed(self, events):
+        """Push events this instance claimed in a create transaction (architecture decision 6)
+        at once, together; their marks as published join the next batch of marks."""
+        return self.publish(events, self.instance_id, defer_marks=True)
 
     def publish(self, events, claimer, defer_marks=False):
         """Push events that ``claimer`` holds and record the outcome: published; a real
