@@ -6,7 +6,7 @@ import threading
 
 from engine.core.groupcommit import GroupCommit
 from engine.core.history import NewEvent, insert_events
-from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiJobEvent
+from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiJobEvent, OutboxEvent
 from engine.execution.engine import ExecutionEngine
 from tests.support.helpers import create_job
 from tests.support.runtimes import fast_registry
@@ -194,17 +194,18 @@ def test_a_failing_after_commit_leaves_the_committed_works_committed(runtime):
 
 
 def test_creates_of_several_threads_push_each_claimed_event_once(runtime):
-    """The creates of concurrent threads commit in groups and each group's claimed events go to
-    the queue in one push: every job is queued exactly once."""
+    """The creates of concurrent threads commit in groups, their rows written together, and
+    each group's claimed events go to the queue in one push: every job is queued exactly once,
+    and what each create returns (the job's creation time, its event's id) is its own row's."""
     pushed = []
-    runtime.service.dispatch_now = lambda events: pushed.extend(e.aggregate_id for e in events)
-    ids, errors = [], []
+    runtime.service.dispatch_now = pushed.extend
+    jobs, errors = [], []
 
     def thread(n):
         try:
             with runtime.store.connection():
                 for i in range(10):
-                    ids.append(create_job(runtime, user_id='gp-%d' % n, target_id=str(i)).id)
+                    jobs.append(create_job(runtime, user_id='gp-%d' % n, target_id=str(i)))
         except Exception as exc:  # collected for the assertion below
             errors.append(exc)
 
@@ -213,5 +214,10 @@ def test_creates_of_several_threads_push_each_claimed_event_once(runtime):
         t.start()
     for t in threads:
         t.join(30)
-    assert errors == []
-    assert sorted(pushed) == sorted(ids) and len(ids) == 40
+    assert errors == [] and len(jobs) == 40
+    assert sorted(e.aggregate_id for e in pushed) == sorted(job.id for job in jobs)
+    with runtime.store.connection():
+        for event in pushed:
+            assert OutboxEvent.get_by_id(event.id).aggregate_id == event.aggregate_id
+        for job in jobs:
+            assert AiJob.get_by_id(job.id).created_at == job.created_at

@@ -24,7 +24,7 @@ from .history import NewEvent, insert_events
 from .logs import log_event
 from .models import AiJob, AiJobEvent, AiJobSnapshot
 from .outbox import OutboxRepository
-from .sql import Statement, job_from_row, placeholders, statement
+from .sql import Statement, insert_row, job_from_row, placeholders, statement
 
 
 class Status(str, Enum):
@@ -87,13 +87,12 @@ CREATE_COLUMNS = (
     'max_retry_count',
     'retry_of_job_id',
 )
-_INSERT_JOB = 'INSERT INTO ai_job (%s, created_at, updated_at) VALUES (%s, {now}, {now})' % (
-    ', '.join(CREATE_COLUMNS),
-    placeholders(len(CREATE_COLUMNS)),
+INSERT_JOB_HEAD = 'INSERT INTO ai_job (%s, created_at, updated_at) VALUES ' % ', '.join(
+    CREATE_COLUMNS
 )
-INSERT_JOB = Statement(_INSERT_JOB)
-INSERT_JOB_RETURNING = Statement(_INSERT_JOB + ' RETURNING created_at')
-SELECT_CREATED_AT = Statement('SELECT created_at FROM ai_job WHERE id = %s')
+INSERT_JOB_ROW = '(%s, {now}, {now})' % placeholders(len(CREATE_COLUMNS))
+INSERT_JOB = Statement(INSERT_JOB_HEAD + INSERT_JOB_ROW)
+SELECT_CREATED_AT = Statement('SELECT id, created_at FROM ai_job WHERE id = %s')
 
 # What running a job needs of its row (each column read costs the driver time to describe).
 RUN_COLUMNS = (
@@ -232,7 +231,9 @@ class AiJobLifecycleRepository:
     ):
         """Insert a job in ``queued``, inside the caller's transaction ``tx`` (the caller writes
         the outbox event in the same one). Returns the job as written, without reading it back
-        where the database can return its creation time."""
+        where the database can return its creation time: there the row joins the other rows of
+        a ``rows_together()`` block (the creates of a group commit: one INSERT), and the job's
+        creation time is filled in when it went out."""
         assert tx is not None and self.store.in_transaction(), 'create_job needs a transaction'
         values = dict(
             id=job_id,
@@ -256,13 +257,18 @@ class AiJobLifecycleRepository:
             retry_of_job_id=retry_of_job_id,
         )
         params = tuple(values[name] for name in CREATE_COLUMNS)
+        job = AiJob(__no_default__=True, **values)
+
+        def receive(returned):
+            job.created_at = job.updated_at = AiJob.created_at.python_value(returned[1])
+
         if self.store.insert_returns():
-            created_at = self.store.execute(INSERT_JOB_RETURNING, params).fetchone()[0]
+            returning = ('id, created_at', job_id, receive)
+            insert_row(INSERT_JOB_HEAD, INSERT_JOB_ROW, params, returning=returning)
         else:
             self.store.execute(INSERT_JOB, params)
-            created_at = self.store.execute(SELECT_CREATED_AT, (job_id,)).fetchone()[0]
-        created_at = AiJob.created_at.python_value(created_at)
-        return AiJob(__no_default__=True, created_at=created_at, updated_at=created_at, **values)
+            receive(self.store.execute(SELECT_CREATED_AT, (job_id,)).fetchone())
+        return job
 
     # ------------------------------------------------------------ lock, heartbeat, progress
     def lock_job(self, job_id, instance_id, lock_ttl_ms=None):

@@ -23,11 +23,12 @@ PENDING, PROCESSING, PUBLISHED, FAILED, DEAD = (
 MAX_ATTEMPTS = 3  # contracts §4.4: the third real failure makes an event dead
 
 # The hot path's statements (sql.py).
-_INSERT = (
+_INSERT_HEAD = (
     'INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload, '
-    'status, attempt_count, available_at, locked_by, locked_at, created_at, updated_at) '
-    'VALUES (%s, %s, %s, %s, %s, {values}, 0, {{now}}, {claim}, {{now}}, {{now}})'
+    'status, attempt_count, available_at, locked_by, locked_at, created_at, updated_at) VALUES '
 )
+_INSERT_ROW = '(%s, %s, %s, %s, %s, {values}, 0, {{now}}, {claim}, {{now}}, {{now}})'
+_INSERT = _INSERT_HEAD + _INSERT_ROW
 _CLAIM_SET = (
     "UPDATE outbox_event SET status = 'processing', locked_by = %s, locked_at = {now}, "
     'updated_at = {now} WHERE '
@@ -64,6 +65,15 @@ TERMINAL_INSERT = (
 TERMINAL_ROW = "(%s, %s, %s, %s, %s, 'pending', 0, {now}, NULL, NULL, {now}, {now})"
 INSERT_PENDING = Statement(_INSERT.format(values="'pending'", claim='NULL, NULL'))
 INSERT_CLAIMED = Statement(_INSERT.format(values="'processing'", claim='%s, {now}'))
+# The row of an event created with RETURNING (Store.insert_returns), which can join the rows of
+# other creates (sql.rows_together), as (head, row) per claim.
+_RETURNING_ROWS = {
+    claimed: (_INSERT_HEAD, _INSERT_ROW.format(values=values, claim=claim))
+    for claimed, values, claim in (
+        (False, "'pending'", 'NULL, NULL'),
+        (True, "'processing'", '%s, {now}'),
+    )
+}
 
 TERMINAL_CLAIM = ClaimStatements(tuple(TERMINAL_EVENTS.values()))
 ENQUEUE_CLAIM = ClaimStatements(tuple(TERMINAL_EVENTS.values()), exclude=True)
@@ -81,7 +91,10 @@ class OutboxRepository:
         claimed (processing) by that instance, for immediate dispatch after commit
         (architecture decision 6); if that process dies first, the claim expires like
         any other. A duplicate ``dedupe_key`` is an idempotent success (contracts §4.2):
-        the existing event is returned."""
+        the existing event is returned. Where the database returns what it inserts, the row
+        joins the other rows of a ``rows_together()`` block and the event's id is filled in
+        when it went out (a duplicate there fails the block's INSERT, and a group commit runs
+        each work apart again, where this catches it)."""
         assert tx is not None and self.store.in_transaction(), 'outbox writes need a transaction'
         event = OutboxEvent(
             __no_default__=True,
@@ -101,10 +114,20 @@ class OutboxRepository:
             dedupe_key,
             OutboxEvent.payload.db_value(payload),
         )
+        if claimed_by:
+            params += (claimed_by,)
+
+        def receive(returned):
+            event.id = returned[1]
+
         try:
             # A duplicate key fails this statement only (MySQL and SQLite keep the transaction).
+            if self.store.insert_returns():
+                head, row = _RETURNING_ROWS[bool(claimed_by)]
+                insert_row(head, row, params, returning=('dedupe_key, id', dedupe_key, receive))
+                return event
             if claimed_by:
-                cursor = self.store.execute(INSERT_CLAIMED, params + (claimed_by,))
+                cursor = self.store.execute(INSERT_CLAIMED, params)
             else:
                 cursor = self.store.execute(INSERT_PENDING, params)
         except IntegrityError:

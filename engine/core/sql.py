@@ -92,15 +92,21 @@ _IGNORE_DUPLICATE = {
 _together = threading.local()
 
 
-def insert_row(head, row, params, ignore_duplicate=False):
+def insert_row(head, row, params, ignore_duplicate=False, returning=None):
     """``head`` (``INSERT INTO t (cols) VALUES ``) with one ``row`` (``(%s, …, {now})``) of
     ``params``; ``ignore_duplicate`` keeps an existing row with the same key (an idempotent
-    write). Sent now, or at the end of the enclosing ``rows_together()`` block."""
+    write). Sent now, or at the end of the enclosing ``rows_together()`` block.
+
+    ``returning`` — ``(columns, key, receive)`` — asks for ``INSERT … RETURNING columns`` (only
+    where ``Store.insert_returns()``): ``receive(row)`` gets this row's values, matched by the
+    first column, which must be unique and equal ``key`` (RETURNING's order is not promised);
+    by the time the statement went out, so at once or at the block's end."""
     pending = getattr(_together, 'rows', None)
+    columns = returning[0] if returning else None
     if pending is None:
-        _insert_many(head, row, [params], ignore_duplicate)
+        _insert_many(head, row, [(params, returning)], ignore_duplicate, columns)
     else:
-        pending.setdefault((head, row, ignore_duplicate), []).extend([params])
+        pending.setdefault((head, row, ignore_duplicate, columns), []).append((params, returning))
 
 
 @contextlib.contextmanager
@@ -116,18 +122,27 @@ def rows_together():
         yield
         pending = _together.rows
         _together.rows = None
-        for (head, row, ignore_duplicate), rows in pending.items():
-            _insert_many(head, row, rows, ignore_duplicate)
+        for (head, row, ignore_duplicate, columns), rows in pending.items():
+            _insert_many(head, row, rows, ignore_duplicate, columns)
     finally:
         _together.rows = None
 
 
-def _insert_many(head, row, rows, ignore_duplicate):
+def _insert_many(head, row, rows, ignore_duplicate, columns=None):
+    """``rows``: (params, returning or None) pairs, sent ROWS_PER_INSERT at a time."""
     for start in range(0, len(rows), ROWS_PER_INSERT):
         chunk = rows[start : start + ROWS_PER_INSERT]
         text = head + ', '.join([row] * len(chunk))
         if ignore_duplicate:
             made = statement(text + _IGNORE_DUPLICATE['mysql'], text + _IGNORE_DUPLICATE['sqlite'])
+        elif columns:
+            made = statement(text + ' RETURNING ' + columns)
         else:
             made = statement(text)
-        execute(made, [value for params in chunk for value in params])
+        cursor = execute(made, [value for params, _ in chunk for value in params])
+        if columns:
+            receivers = {returning[1]: returning[2] for _, returning in chunk}
+            for returned in cursor.fetchall():
+                receivers.pop(returned[0])(returned)
+            if receivers:
+                raise RuntimeError('INSERT … RETURNING left %d rows unanswered' % len(receivers))
