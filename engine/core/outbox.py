@@ -27,8 +27,13 @@ _INSERT_HEAD = (
     'INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload, '
     'status, attempt_count, available_at, locked_by, locked_at, created_at, updated_at) VALUES '
 )
-_INSERT_ROW = '(%s, %s, %s, %s, %s, {values}, 0, {{now}}, {claim}, {{now}}, {{now}})'
-_INSERT = _INSERT_HEAD + _INSERT_ROW
+# One event's row, by whether it is inserted claimed (processing) by its creator.
+_INSERT_ROWS = {
+    False: "(%s, %s, %s, %s, %s, 'pending', 0, {now}, NULL, NULL, {now}, {now})",
+    True: "(%s, %s, %s, %s, %s, 'processing', 0, {now}, %s, {now}, {now}, {now})",
+}
+INSERT_PENDING = Statement(_INSERT_HEAD + _INSERT_ROWS[False])
+INSERT_CLAIMED = Statement(_INSERT_HEAD + _INSERT_ROWS[True])
 _CLAIM_SET = (
     "UPDATE outbox_event SET status = 'processing', locked_by = %s, locked_at = {now}, "
     'updated_at = {now} WHERE '
@@ -56,24 +61,6 @@ class ClaimStatements:
         )
         self.any_due = Statement('SELECT id FROM outbox_event WHERE ' + due + ' LIMIT 1')
 
-
-# A terminal event, written with the transition (sql.insert_row: with the others of a group).
-TERMINAL_INSERT = (
-    'INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload, '
-    'status, attempt_count, available_at, locked_by, locked_at, created_at, updated_at) VALUES '
-)
-TERMINAL_ROW = "(%s, %s, %s, %s, %s, 'pending', 0, {now}, NULL, NULL, {now}, {now})"
-INSERT_PENDING = Statement(_INSERT.format(values="'pending'", claim='NULL, NULL'))
-INSERT_CLAIMED = Statement(_INSERT.format(values="'processing'", claim='%s, {now}'))
-# The row of an event created with RETURNING (Store.insert_returns), which can join the rows of
-# other creates (sql.rows_together), as (head, row) per claim.
-_RETURNING_ROWS = {
-    claimed: (_INSERT_HEAD, _INSERT_ROW.format(values=values, claim=claim))
-    for claimed, values, claim in (
-        (False, "'pending'", 'NULL, NULL'),
-        (True, "'processing'", '%s, {now}'),
-    )
-}
 
 TERMINAL_CLAIM = ClaimStatements(tuple(TERMINAL_EVENTS.values()))
 ENQUEUE_CLAIM = ClaimStatements(tuple(TERMINAL_EVENTS.values()), exclude=True)
@@ -123,8 +110,9 @@ class OutboxRepository:
         try:
             # A duplicate key fails this statement only (MySQL and SQLite keep the transaction).
             if self.store.insert_returns():
-                head, row = _RETURNING_ROWS[bool(claimed_by)]
-                insert_row(head, row, params, returning=('dedupe_key, id', dedupe_key, receive))
+                row = _INSERT_ROWS[bool(claimed_by)]
+                returning = ('dedupe_key, id', dedupe_key, receive)
+                insert_row(_INSERT_HEAD, row, params, returning=returning)
                 return event
             if claimed_by:
                 cursor = self.store.execute(INSERT_CLAIMED, params)
@@ -143,7 +131,8 @@ class OutboxRepository:
         payload = OutboxEvent.payload.db_value({'jobId': job_id, 'lifecycleStatus': status})
         dedupe_key = '%s:%s' % (event_type, job_id)
         params = (event_type, 'AiJob', job_id, dedupe_key, payload)
-        insert_row(TERMINAL_INSERT, TERMINAL_ROW, params, ignore_duplicate=True)
+        # Written with the transition (sql.insert_row: with the others of a group commit).
+        insert_row(_INSERT_HEAD, _INSERT_ROWS[False], params, ignore_duplicate=True)
 
     def claim_batch(self, claimer, limit=100, statements=ENQUEUE_CLAIM):
         """CAS up to ``limit`` due pending events → processing for ``claimer`` in one statement,
