@@ -181,6 +181,42 @@ def test_after_commit_runs_once_per_group_with_the_committed_works_only(runtime)
     assert calls == [['a', 'c']]
 
 
+def test_the_next_group_commits_while_after_commit_runs_and_no_caller_returns_before_it(runtime):
+    """A group's after_commit (a push to the queue) runs after the group gave up the lead: a
+    create arriving meanwhile commits without waiting for it. The group's own callers still
+    return only once it ran."""
+    store = runtime.store
+    pushing, release, order = threading.Event(), threading.Event(), []
+
+    def after_commit(outputs):
+        if 'first' in outputs:
+            pushing.set()
+            assert release.wait(10)
+        order.append(('pushed', list(outputs)))
+
+    group = GroupCommit(store, after_commit=after_commit)
+
+    def run(job_id):
+        def work(tx):
+            event_work(store, job_id)(tx)
+            return job_id
+
+        with store.connection():
+            assert group.run([work]) == [None]
+        order.append(('returned', job_id))
+
+    first = threading.Thread(target=run, args=('first',))
+    first.start()
+    assert pushing.wait(10)
+    second = threading.Thread(target=run, args=('second',))
+    second.start()
+    second.join(10)  # led its own group while the first group's push was held up
+    assert order == [('pushed', ['second']), ('returned', 'second')]
+    release.set()
+    first.join(10)
+    assert order[2:] == [('pushed', ['first']), ('returned', 'first')]
+
+
 def test_a_failing_after_commit_leaves_the_committed_works_committed(runtime):
     store = runtime.store
 

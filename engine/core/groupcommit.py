@@ -15,6 +15,8 @@ fails every work left (each caller then waits out the outage on its own).
 ``after_commit(outputs)``, when given, runs once per committed group on the thread that led it,
 with what each committed work returned, before any of the group's callers goes on: what must
 follow every commit (the creates' pushes to the queue) goes out once per group, not per work.
+It runs after the group has given up the lead, so the next group's transaction is under way
+meanwhile.
 """
 
 import contextlib
@@ -35,11 +37,12 @@ class _RowsFailed(Exception):
 
 
 class _Ticket:
-    __slots__ = ('works', 'outcomes', 'done')
+    __slots__ = ('works', 'outcomes', 'taken', 'done')
 
     def __init__(self, works):
         self.works = works
         self.outcomes = [None] * len(works)  # per work: None (committed) or the error it raised
+        self.taken = False  # a leader took it into its group
         self.done = False  # its group ended
 
 
@@ -66,25 +69,37 @@ class GroupCommit:
         ticket = _Ticket(list(works))
         with self._cond:
             self._waiting.append(ticket)
-            while not ticket.done and self._leading:
+            while not ticket.done and (self._leading or ticket.taken):
                 self._cond.wait()
             if ticket.done:  # another thread led the group that held it
                 return ticket.outcomes
             self._leading = True
             group, self._waiting = self._waiting, []
+            for member in group:
+                member.taken = True
         try:
-            self._commit(group)
+            outputs = self._commit(group)
         except BaseException as exc:  # the leader's own failure ends every work of its group
             for member in group:
                 member.outcomes = [exc] * len(member.works)
+            self._end(group)
             raise
+        with self._cond:  # the next group may begin while this one's after_commit runs
+            self._leading = False
+            self._cond.notify_all()
+        try:
+            self._after(outputs)
         finally:
-            with self._cond:
-                for member in group:
-                    member.done = True
-                self._leading = False
-                self._cond.notify_all()
+            self._end(group)
         return ticket.outcomes
+
+    def _end(self, group):
+        """The group's callers go on; the lead is free."""
+        with self._cond:
+            for member in group:
+                member.done = True
+            self._leading = False
+            self._cond.notify_all()
 
     def _alone(self, work, outputs):
         try:
@@ -105,6 +120,8 @@ class GroupCommit:
             log_event('group_commit.after_commit_failed', logging.WARNING, exc_info=True)
 
     def _commit(self, group):
+        """The group's works in one transaction, a failing work taken out and the rest run again.
+        Returns what the committed works returned."""
         left = [(member, i) for member in group for i in range(len(member.works))]
         together = True
         while left:
@@ -120,12 +137,11 @@ class GroupCommit:
             except Exception as exc:  # the store: every work left fails with it
                 for member, i in left:
                     member.outcomes[i] = exc
-                return
+                return []
             else:
                 self.groups += 1
                 self.works += len(left)
-                self._after(outputs)
-                return
+                return outputs
             member.outcomes[i] = exc
             left.remove((member, i))
             log_event(
@@ -134,6 +150,7 @@ class GroupCommit:
                 works=len(left) + 1,
                 error_type=exc.__class__.__name__,
             )
+        return []  # every work failed
 
     def _all(self, left, together, tx):
         """Every work of ``left`` in the transaction ``tx``, their rows written ``together``
