@@ -241,8 +241,13 @@ def test_sentinel_kill_9_of_the_master_under_load(
         assert len(jobs) == len(ids)
         assert {j.lifecycle_status for j in jobs.values()} == {'succeeded'}
 
-        # The old master, back as a replica, takes no write: a URL naming it is not ready.
-        wait_until(lambda: old_master.client().role()[0] == b'slave', timeout=30)
+        # The old master, back as a replica, takes no write: a URL naming it is not ready. The
+        # sentinels convert it some 10 s after it is back, or after their 30 s TILT when a
+        # loaded machine stalled them (seen in CI): the wait covers both.
+        try:
+            wait_until(lambda: old_master.client().role()[0] == b'slave', timeout=90)
+        except AssertionError:
+            raise AssertionError('old master never made a replica: %s' % sentinel_group.tilts())
         stale = RedisQueue('redis://%s/0' % old_master.address, prefix='stale')
         with pytest.raises(QueueUnavailableError):
             stale.check_ready()

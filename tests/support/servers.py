@@ -329,6 +329,13 @@ class SentinelGroup:
                 return None
         return ports.pop() if len(ports) == 1 else None
 
+    def tilts(self):
+        """Each sentinel's TILT flag (it acts on nothing while stalled), for a failure message."""
+        return [
+            sentinel.client(decode_responses=True).info('sentinel').get('sentinel_tilt')
+            for sentinel in self.sentinels
+        ]
+
     def node_on(self, port):
         return next(node for node in self.data_nodes if node.port == port)
 
