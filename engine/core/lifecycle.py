@@ -24,7 +24,7 @@ from .history import NewEvent, insert_events
 from .logs import log_event
 from .models import AiJob, AiJobEvent, AiJobSnapshot
 from .outbox import OutboxRepository
-from .sql import Statement, insert_row, job_from_row, placeholders, statement
+from .sql import Statement, insert_row, job_from_row, placeholders, statement, write_row
 
 
 class Status(str, Enum):
@@ -141,6 +141,8 @@ _SELECT_SNAPSHOTS = 'SELECT job_id, content FROM ai_job_snapshot WHERE job_id IN
 LOCK_BATCH = 100
 _ATTEMPT = RUN_COLUMNS.index('attempt_no')
 CANCELLED_VALUES = {'error_code': 'CANCELLED', 'public_error_message': 'The job was cancelled.'}
+# Terminal writes per UPDATE in a group commit (a bound on its size and parameter count).
+FINISH_BATCH = 100
 # Held jobs per heartbeat statement (a bound on the statement's size and its IN list).
 EXTEND_BATCH = 500
 
@@ -151,6 +153,28 @@ def _fenced_update(sets, fence_sql, extra_condition=None):
     if extra_condition:
         where += ' AND ' + extra_condition
     return statement('UPDATE ai_job SET %s WHERE %s' % (sets, where))
+
+
+def _finish_update(columns, fence_sql, extra_condition, count):
+    """running → terminal for ``count`` jobs in one UPDATE, each under its own fence: sets
+    ``lifecycle_status``, then ``columns`` per job (a ``CASE id`` when there are several).
+    Parameters: the status, each column's (id, value) pairs (or one job's values), then the
+    ids, then each job's (id, fence parameters)."""
+    done = 'finished_at = {now}, lock_until = NULL, updated_at = {now}'
+    if count == 1:
+        sets = ''.join('%s = %%s, ' % name for name in columns)
+        return _fenced_update(
+            'lifecycle_status = %%s, %s%s' % (sets, done), fence_sql, extra_condition
+        )
+    case = 'CASE id%s END' % (' WHEN %s THEN %s' * count)
+    sets = ''.join('%s = %s, ' % (name, case) for name in columns)
+    fences = ' OR '.join(['(id = %%s AND %s)' % fence_sql] * count)
+    where = "id IN (%s) AND lifecycle_status = 'running' AND (%s)" % (placeholders(count), fences)
+    if extra_condition:
+        where += ' AND ' + extra_condition
+    return statement(
+        'UPDATE ai_job SET lifecycle_status = %%s, %s%s WHERE %s' % (sets, done, where)
+    )
 
 
 def is_legal(from_status, to_status):
@@ -623,25 +647,48 @@ class AiJobLifecycleRepository:
     def _finish(self, job_id, to_status, fence, values, extra_condition=None, detail=None):
         """The fenced running → terminal write with its outbox event and its history row
         (``detail`` plus who wrote it); nothing is read back. Raises the refusal when the CAS
-        matched nothing."""
+        matched nothing. In a group commit the terminal writes of the group go out as one
+        UPDATE at its end (sql.rows_together); one refused fails them all, and the group runs
+        again with each job's UPDATE on its own, where the refusal is that job's."""
         fence_sql, fence_params = fence.sql(self.store)
-        sets = ''.join('%s = %%s, ' % name for name in values)
-        update = _fenced_update(
-            'lifecycle_status = %%s, %sfinished_at = {now}, lock_until = NULL, '
-            'updated_at = {now}' % sets,
-            fence_sql,
-            extra_condition,
-        )
-        params = (to_status,) + tuple(values.values()) + (job_id,) + fence_params
+        shape = (to_status, tuple(values), fence_sql, extra_condition)
+        finish = (job_id, tuple(values.values()), fence_params)
         event = NewEvent(job_id, to_status, fence.attempt_no, {**(detail or {}), **fence.actor()})
 
         def write(tx):
-            if self.store.execute(update, params).rowcount != 1:
-                raise self._refusal(job_id, to_status)
+            write_row(shape, finish, lambda finishes: self._write_finishes(shape, finishes))
             self.outbox.create_terminal_event(tx, job_id, to_status)
             insert_events(self.store, [event])
 
         self._in_transaction(write)
+
+    def _write_finishes(self, shape, finishes):
+        """The terminal UPDATEs of ``finishes`` (job id, values, fence parameters) of one
+        ``shape``, FINISH_BATCH per statement; raises unless each matched its job."""
+        to_status, columns, fence_sql, extra_condition = shape
+        for start in range(0, len(finishes), FINISH_BATCH):
+            chunk = finishes[start : start + FINISH_BATCH]
+            update = _finish_update(columns, fence_sql, extra_condition, len(chunk))
+            if len(chunk) == 1:
+                job_id, values, fence_params = chunk[0]
+                params = (to_status,) + values + (job_id,) + fence_params
+            else:
+                params = [to_status]
+                for i in range(len(columns)):
+                    for job_id, values, _ in chunk:
+                        params += (job_id, values[i])
+                params += [job_id for job_id, _, _ in chunk]
+                for job_id, _, fence_params in chunk:
+                    params += (job_id,) + fence_params
+            matched = self.store.execute(update, params).rowcount
+            if matched == len(chunk):
+                continue
+            if len(chunk) == 1:
+                raise self._refusal(chunk[0][0], to_status)
+            # Whose it was shows when the group commit writes each job's UPDATE on its own.
+            raise RuntimeError(
+                '%d of %d terminal writes refused' % (len(chunk) - matched, len(chunk))
+            )
 
     def _in_transaction(self, work):
         """``work(tx)`` in the caller's transaction (the PROJECT transaction of a success, or

@@ -82,14 +82,25 @@ def job_from_row(columns, row):
 
 
 # ---------------------------------------------------------------- rows written together
-# ``INSERT … VALUES`` of one row per call, or, inside ``rows_together()``, kept until the block
-# ends and then written with the other rows of the same statement: one multi-row INSERT each.
+# A write of one row per call, or, inside ``rows_together()``, kept until the block ends and
+# then written with the other rows of the same statement: one multi-row INSERT (or UPDATE) each.
 ROWS_PER_INSERT = 500  # a bound on one statement's size and parameter count
 _IGNORE_DUPLICATE = {
     'mysql': ' ON DUPLICATE KEY UPDATE id = id',
     'sqlite': ' ON CONFLICT DO NOTHING',
 }
 _together = threading.local()
+
+
+def write_row(shape, row, write):
+    """``write(rows)`` writes rows of one statement ``shape`` (any hashable key): here
+    ``write([row])`` now, or, inside a ``rows_together()`` block, with every row of the same
+    shape at the block's end (in the order they came)."""
+    pending = getattr(_together, 'rows', None)
+    if pending is None:
+        write([row])
+    else:
+        pending.setdefault(shape, (write, []))[1].append(row)
 
 
 def insert_row(head, row, params, ignore_duplicate=False, returning=None):
@@ -101,19 +112,17 @@ def insert_row(head, row, params, ignore_duplicate=False, returning=None):
     where ``Store.insert_returns()``): ``receive(row)`` gets this row's values, matched by the
     first column, which must be unique and equal ``key`` (RETURNING's order is not promised);
     by the time the statement went out, so at once or at the block's end."""
-    pending = getattr(_together, 'rows', None)
     columns = returning[0] if returning else None
-    if pending is None:
-        _insert_many(head, row, [(params, returning)], ignore_duplicate, columns)
-    else:
-        pending.setdefault((head, row, ignore_duplicate, columns), []).append((params, returning))
+    shape = (head, row, ignore_duplicate, columns)
+    write_row(shape, (params, returning), lambda rows: _insert_many(*shape, rows))
 
 
 @contextlib.contextmanager
 def rows_together():
-    """Inside a transaction: every ``insert_row`` of this thread in the block waits for its
-    end, where rows of the same statement go out as one INSERT (in the order they came). A
-    block left by an exception writes nothing of them. A block inside another joins it."""
+    """Inside a transaction: every ``write_row`` of this thread in the block waits for its
+    end, where rows of the same shape go out as one statement (shapes in the order they first
+    came). A block left by an exception writes nothing of them. A block inside another joins
+    it."""
     if getattr(_together, 'rows', None) is not None:
         yield
         return
@@ -122,13 +131,13 @@ def rows_together():
         yield
         pending = _together.rows
         _together.rows = None
-        for (head, row, ignore_duplicate, columns), rows in pending.items():
-            _insert_many(head, row, rows, ignore_duplicate, columns)
+        for write, rows in pending.values():
+            write(rows)
     finally:
         _together.rows = None
 
 
-def _insert_many(head, row, rows, ignore_duplicate, columns=None):
+def _insert_many(head, row, ignore_duplicate, columns, rows):
     """``rows``: (params, returning or None) pairs, sent ROWS_PER_INSERT at a time."""
     for start in range(0, len(rows), ROWS_PER_INSERT):
         chunk = rows[start : start + ROWS_PER_INSERT]

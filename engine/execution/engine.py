@@ -485,7 +485,9 @@ class ExecutionEngine:
 
         def work(tx):
             # The fenced write first: once it matched, this is the job's only projection, and a
-            # refusal (lock lost, cancel requested) costs no projector work.
+            # refusal (lock lost, cancel requested) costs no projector work. In a group commit
+            # the group's fenced writes go out together at its end: a refusal there rolls the
+            # group back, and it runs again with each job's write first and on its own.
             self.lifecycle.mark_succeeded(a.job.id, fence=a.fence, output_hash=output_hash)
             resolved.projector.project(tx, a.job, output)
             self._log_usage(a, resolved, call_no, usage, latency_ms, None)
