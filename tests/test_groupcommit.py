@@ -3,6 +3,7 @@ failing work taken out alone, and the worker's batches built on it."""
 
 import dataclasses
 import threading
+import time
 
 from engine.core.groupcommit import GroupCommit
 from engine.core.history import NewEvent, insert_events
@@ -257,3 +258,53 @@ def test_creates_of_several_threads_push_each_claimed_event_once(runtime):
             assert OutboxEvent.get_by_id(event.id).aggregate_id == event.aggregate_id
         for job in jobs:
             assert AiJob.get_by_id(job.id).created_at == job.created_at
+
+
+def test_one_group_at_a_time_when_an_earlier_group_ends_during_the_next(runtime):
+    """The lead passes from group to group: a group whose after_commit ends while the next
+    group is committing does not free the lead for a third (that ran two groups' transactions
+    at once, and one group's admission counts missed the other's creates)."""
+    store = runtime.store
+    pushing, release_push = threading.Event(), threading.Event()
+    in_second, release_second = threading.Event(), threading.Event()
+    running, most, lock = [0], [0], threading.Lock()
+
+    def after_commit(outputs):
+        if 'first' in outputs:
+            pushing.set()
+            assert release_push.wait(10)
+
+    group = GroupCommit(store, after_commit=after_commit)
+
+    def run(job_id):
+        def work(tx):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            if job_id == 'second':
+                in_second.set()
+                assert release_second.wait(10)
+            event_work(store, job_id)(tx)
+            with lock:
+                running[0] -= 1
+            return job_id
+
+        with store.connection():
+            assert group.run([work]) == [None]
+
+    names = ('first', 'second', 'third')
+    threads = {name: threading.Thread(target=run, args=(name,)) for name in names}
+    threads['first'].start()
+    assert pushing.wait(10)
+    threads['second'].start()
+    assert in_second.wait(10)
+    release_push.set()
+    threads['first'].join(10)  # the first group ended while the second is committing
+    threads['third'].start()
+    time.sleep(0.2)  # room for the third to begin a group of its own, were the lead free
+    release_second.set()
+    for thread in threads.values():
+        thread.join(10)
+    assert most[0] == 1
+    with store.connection():
+        assert [events(name) for name in names] == [1, 1, 1]

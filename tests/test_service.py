@@ -90,6 +90,30 @@ def test_fifty_threads_with_one_key_make_one_job(runtime):
     assert counts() == (1, 1, 1)
 
 
+def test_racing_creates_of_one_user_stop_exactly_at_the_limit(make_runtime):
+    """The admission counts are read in the group commit of the creates, once per group, and
+    each admitted create counts toward the next: twenty racing requests of one process for a
+    user with room for five make five jobs, the others are refused and write nothing. Another
+    user in the same groups is counted apart."""
+    runtime = make_runtime(AIJOB_MAX_ACTIVE_JOBS_PER_USER='5')
+    statements = runtime.store.statement_count()
+
+    def create(i):
+        user = 'user-a' if i % 4 else 'user-b'
+        return runtime.service.create_job(new_request(user_id=user, input={'i': i}))
+
+    with runtime.store.connection():
+        results, errors = run_threads(20, create, runtime.store)
+        refused = [e for e in errors if e is not None]
+        assert {e.code for e in refused} == {'TOO_MANY_JOBS'}
+        users = [r.job.user_id for r in results if r is not None]
+        assert (users.count('user-a'), users.count('user-b')) == (5, 5)
+        assert len(refused) == 10
+        assert AiJob.select().where(AiJob.user_id == 'user-a').count() == 5
+        assert counts() == (10, 10, 10)
+    assert runtime.store.statement_count() > statements
+
+
 def test_a_failure_between_job_and_outbox_leaves_neither(runtime, monkeypatch):
     def explode(*args, **kwargs):
         raise RuntimeError('injected between the job insert and the outbox insert')

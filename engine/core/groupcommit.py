@@ -17,6 +17,10 @@ with what each committed work returned, before any of the group's callers goes o
 follow every commit (the creates' pushes to the queue) goes out once per group, not per work.
 It runs after the group has given up the lead, so the next group's transaction is under way
 meanwhile.
+
+``prepare(works)``, when given, runs inside the transaction before the works, with every work
+about to run in it: a read they all need (the creates' admission counts) is one statement per
+group, not per work. It runs again each time the group runs again.
 """
 
 import contextlib
@@ -47,9 +51,10 @@ class _Ticket:
 
 
 class GroupCommit:
-    def __init__(self, store, after_commit=None):
+    def __init__(self, store, after_commit=None, prepare=None):
         self.store = store
         self.after_commit = after_commit
+        self.prepare = prepare
         self._cond = threading.Condition()
         self._waiting = []  # tickets for the next group
         self._leading = False  # a group is committing now
@@ -82,7 +87,7 @@ class GroupCommit:
         except BaseException as exc:  # the leader's own failure ends every work of its group
             for member in group:
                 member.outcomes = [exc] * len(member.works)
-            self._end(group)
+            self._end(group, give_up_the_lead=True)
             raise
         with self._cond:  # the next group may begin while this one's after_commit runs
             self._leading = False
@@ -93,17 +98,20 @@ class GroupCommit:
             self._end(group)
         return ticket.outcomes
 
-    def _end(self, group):
-        """The group's callers go on; the lead is free."""
+    def _end(self, group, give_up_the_lead=False):
+        """The group's callers go on (and, if this leader still holds it, the lead is free: once
+        given up, it may be the next group's, which must stay the only one)."""
         with self._cond:
             for member in group:
                 member.done = True
-            self._leading = False
+            if give_up_the_lead:
+                self._leading = False
             self._cond.notify_all()
 
     def _alone(self, work, outputs):
         try:
             with self.store.atomic() as tx:
+                self._prepare([work])
                 output = work(tx)
         except Exception as exc:
             return exc
@@ -152,10 +160,16 @@ class GroupCommit:
             )
         return []  # every work failed
 
+    def _prepare(self, works):
+        if self.prepare is not None:
+            self.prepare(works)
+
     def _all(self, left, together, tx):
         """Every work of ``left`` in the transaction ``tx``, their rows written ``together``
         (sql.rows_together: one INSERT per statement for the whole group); the first work that
-        raises rolls it back (_Rollback names it). Returns what the works returned."""
+        raises rolls it back (_Rollback names it). Returns what the works returned. A failing
+        ``prepare`` fails every work (the store's trouble, or a bug: no one work to blame)."""
+        self._prepare([member.works[i] for member, i in left])
         outputs = []
         try:
             with rows_together() if together else contextlib.nullcontext():

@@ -22,7 +22,7 @@ from .lifecycle import CANCELLED, FAILED, TERMINAL
 from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
 from .outbox import ENQUEUE_EVENT
 from .registry import first_error
-from .sql import Statement, insert_row
+from .sql import insert_row, placeholders, statement
 from .store import IntegrityError
 from .webhook_urls import UrlPolicy, check_url
 
@@ -40,13 +40,21 @@ INSERT_SNAPSHOT = (
     'VALUES '
 )
 SNAPSHOT_ROW = '(%s, %s, 1, {now_plus}, {now})'
-# Both per-user admission counts in one read: unfinished jobs, and jobs created this UTC day.
-ADMISSION_COUNTS = Statement(
-    "SELECT COALESCE(SUM(CASE WHEN lifecycle_status IN ('queued', 'running') THEN 1 END), 0), "
-    'COALESCE(SUM(CASE WHEN created_at >= {today} THEN 1 END), 0) '
-    "FROM ai_job WHERE user_id = %s AND (lifecycle_status IN ('queued', 'running') "
-    'OR created_at >= {today})'
-)
+
+
+class _CreateWork:
+    """One create in the creates' group commit: admitted against the counts its group read
+    (AiJobService._admit_group), then written."""
+
+    def __init__(self, user_id, write):
+        self.user_id = user_id
+        self.write = write
+        self.admission = None  # AdmissionCounts, when there are limits
+
+    def __call__(self, tx):
+        if self.admission is not None:
+            self.admission.admit(self.user_id)
+        return self.write(tx)
 
 
 @dataclass
@@ -95,7 +103,9 @@ class AiJobService:
         self.store = store
         # With the creates of other threads (web requests) in one transaction, one commit; then
         # their events, claimed in it, pushed together.
-        self.creates = GroupCommit(store, after_commit=self._push_created)
+        self.creates = GroupCommit(
+            store, after_commit=self._push_created, prepare=self._admit_group
+        )
         self.snapshot_ttl_ms = snapshot_ttl_ms
         self.registry = registry
         self.lifecycle = lifecycle
@@ -105,7 +115,7 @@ class AiJobService:
         # right after commit (architecture decision 6). None: the dispatcher's polling picks them
         # up.
         self.dispatch_now = dispatch_now
-        # admission(request, definition): per-user limits, checked before anything is written.
+        # Admission: per-user limits, checked before anything is written.
         self.admission = admission
         # cancel_signal(job_id): the fast path telling a running job's worker to stop (the
         # ``job:cancel:{jobId}`` key); the database flag stays the source of truth.
@@ -132,12 +142,14 @@ class AiJobService:
             if existing is not None:
                 return self._replay(existing, fingerprint)
         if self.admission is not None:
-            self.admission(request, definition)
+            self.admission.check_creatable(request, definition)
         written = []  # the last run of the work is the one that committed
 
-        def work(tx):
+        def write(tx):
             written.append(self._insert(tx, definition, request, overrides, fingerprint))
             return written[-1]
+
+        work = _CreateWork(request.user_id, write)
 
         try:
             [failure] = self.creates.run([work])
@@ -153,6 +165,15 @@ class AiJobService:
             return self._replay(existing, fingerprint)
         metrics.job_created(job.job_type, job.queue_name)
         return CreateResult(job, True)
+
+    def _admit_group(self, works):
+        """In a group's transaction, before its creates: every creating user's counts in one
+        read, handed to each create (GroupCommit's prepare)."""
+        if self.admission is None:
+            return
+        counts = self.admission.counts(work.user_id for work in works)
+        for work in works:
+            work.admission = counts
 
     def _push_created(self, outputs):
         """After a group of creates committed: the events they claimed, pushed in one call."""
@@ -440,14 +461,34 @@ def _require_text(value, name, max_length):
 
 
 # ---------------------------------------------------------------- admission
-# Checked before anything is written (contracts §7.3: TOO_MANY_JOBS, QUOTA_EXCEEDED,
-# PLATFORM_UNAVAILABLE). The counts are read outside the creating transaction, so two requests
-# racing at the very edge of a limit may both pass: a limit guards against runaway clients, it is
-# not an exact budget.
+# Checked before a create writes anything (contracts §7.3: TOO_MANY_JOBS, QUOTA_EXCEEDED,
+# PLATFORM_UNAVAILABLE). The counts are read in the transaction of the group of creates, one
+# read for the group, each create counting toward the next of the same user; creates of other
+# groups racing at the very edge of a limit may both pass: a limit guards against runaway
+# clients, it is not an exact budget.
+
+
+def admission_counts(users):
+    """Per user of ``users`` (a parameter each, twice): unfinished jobs, and jobs created this
+    UTC day, in one read. The comparison is the column's (a case-insensitive collation on
+    MySQL), as a read per user would be."""
+    columns = ', '.join(
+        [
+            "COALESCE(SUM(user_id = %s AND lifecycle_status IN ('queued', 'running')), 0), "
+            'COALESCE(SUM(user_id = %s AND created_at >= {today}), 0)'
+        ]
+        * users
+    )
+    return statement(
+        'SELECT %s FROM ai_job WHERE user_id IN (%s) AND '
+        "(lifecycle_status IN ('queued', 'running') OR created_at >= {today})"
+        % (columns, placeholders(users))
+    )
 
 
 class Admission:
-    """``admission(request, definition)``: raises a 429/503 AiJobError, or returns None."""
+    """Per-user limits: ``check_creatable`` before a create, then, in its group's transaction,
+    ``counts`` for every user of the group and ``AdmissionCounts.admit`` for each create."""
 
     def __init__(self, store, ai, *, max_active_per_user, daily_quota):
         self.store = store
@@ -464,15 +505,28 @@ class Admission:
             daily_quota=config.daily_job_quota,
         )
 
-    def __call__(self, request, definition):
+    def check_creatable(self, request, definition):
+        """What refuses a create without reading the store (PLATFORM_UNAVAILABLE, an unknown
+        prompt version)."""
         self.ai.check_creatable(definition, request.overrides or {})
-        if not (self.max_active_per_user or self.daily_quota):
-            return
-        active, created_today = (
-            int(n) for n in self.store.execute(ADMISSION_COUNTS, (request.user_id,)).fetchone()
+
+    def counts(self, user_ids):
+        """Every user's counts in one read (none when there is no limit to check)."""
+        users = list(dict.fromkeys(user_ids))
+        if not (self.max_active_per_user or self.daily_quota) or not users:
+            return AdmissionCounts(self, {})
+        params = [user for user in users for _ in (0, 1)] + users
+        row = self.store.execute(admission_counts(len(users)), params).fetchone()
+        values = [int(n) for n in row]
+        return AdmissionCounts(
+            self, {user: values[2 * i : 2 * i + 2] for i, user in enumerate(users)}
         )
+
+    def refuse(self, active, created_today):
+        """The limit that ``active`` unfinished and ``created_today`` jobs reach, as the error to
+        raise, or None."""
         if self.max_active_per_user and active >= self.max_active_per_user:
-            raise TooManyJobsError(
+            return TooManyJobsError(
                 'user has %d unfinished jobs (limit %d)' % (active, self.max_active_per_user)
             )
         if self.daily_quota and created_today >= self.daily_quota:  # the database's UTC day
@@ -480,4 +534,24 @@ class Admission:
             next_day = now.replace(hour=0, minute=0, second=0, microsecond=0) + datetime.timedelta(
                 days=1
             )
-            raise QuotaExceededError(retry_after_s=max(1, int((next_day - now).total_seconds())))
+            return QuotaExceededError(retry_after_s=max(1, int((next_day - now).total_seconds())))
+        return None
+
+
+class AdmissionCounts:
+    """The counts a group of creates read; each admitted create counts toward the next."""
+
+    def __init__(self, admission, by_user):
+        self.admission = admission
+        self.by_user = by_user
+
+    def admit(self, user_id):
+        """Raises the limit this user's create would pass, else counts it."""
+        counts = self.by_user.get(user_id)
+        if counts is None:  # no limit to check
+            return
+        refusal = self.admission.refuse(*counts)
+        if refusal is not None:
+            raise refusal
+        counts[0] += 1
+        counts[1] += 1
