@@ -75,6 +75,9 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0):
         figures['worker_cpu_ms_per_job'] = round(worker_counts['cpu_ms'] / len(ids), 3)
         figures['bench_statements_per_job'] = round(own['statements'] / len(ids), 2)
         figures['worker_statements_per_job'] = round(worker_counts['statements'] / len(ids), 2)
+    creates = runtime.service.creates
+    if creates.groups:  # how many creates shared a commit, on average
+        figures['creates_per_commit'] = round(creates.works / creates.groups, 2)
     for name, value in figures.items():
         print('%s: %s' % (name, value))
     if db_cpu_ms is not None:

@@ -3,7 +3,8 @@
 Each commit waits for the disk (the database flushes its log), so a worker whose threads each
 commit every job spends most of its time waiting for flushes one after another. Here the first
 thread to arrive commits, in one transaction, the work of every thread that arrived while the
-previous group was committing; the others wait for that commit and return with it. A job's
+previous group was committing (or, with ``groups`` > 1, while that many were); the others wait
+for that commit and return with it. A job's
 writes are still committed before its caller goes on (and before anyone can see them): only the
 number of commits changes, not what each one holds.
 
@@ -16,7 +17,7 @@ fails every work left (each caller then waits out the outage on its own).
 with what each committed work returned, before any of the group's callers goes on: what must
 follow every commit (the creates' pushes to the queue) goes out once per group, not per work.
 It runs after the group has given up the lead, so the next group's transaction is under way
-meanwhile.
+meanwhile (never more than ``groups`` transactions at once).
 
 ``prepare(works)``, when given, runs inside the transaction before the works, with every work
 about to run in it: a read they all need (the creates' admission counts) is one statement per
@@ -51,13 +52,15 @@ class _Ticket:
 
 
 class GroupCommit:
-    def __init__(self, store, after_commit=None, prepare=None):
+    def __init__(self, store, after_commit=None, prepare=None, groups=1):
+        """``groups``: how many groups may commit at once (each its own transaction)."""
         self.store = store
         self.after_commit = after_commit
         self.prepare = prepare
         self._cond = threading.Condition()
         self._waiting = []  # tickets for the next group
-        self._leading = False  # a group is committing now
+        self.max_groups = groups
+        self._leaders = 0  # groups committing now
         self.groups = 0  # committed groups and the works they held, for the benchmark
         self.works = 0
 
@@ -74,11 +77,11 @@ class GroupCommit:
         ticket = _Ticket(list(works))
         with self._cond:
             self._waiting.append(ticket)
-            while not ticket.done and (self._leading or ticket.taken):
+            while not ticket.done and (self._leaders >= self.max_groups or ticket.taken):
                 self._cond.wait()
             if ticket.done:  # another thread led the group that held it
                 return ticket.outcomes
-            self._leading = True
+            self._leaders += 1
             group, self._waiting = self._waiting, []
             for member in group:
                 member.taken = True
@@ -90,7 +93,7 @@ class GroupCommit:
             self._end(group, give_up_the_lead=True)
             raise
         with self._cond:  # the next group may begin while this one's after_commit runs
-            self._leading = False
+            self._leaders -= 1
             self._cond.notify_all()
         try:
             self._after(outputs)
@@ -99,13 +102,13 @@ class GroupCommit:
         return ticket.outcomes
 
     def _end(self, group, give_up_the_lead=False):
-        """The group's callers go on (and, if this leader still holds it, the lead is free: once
-        given up, it may be the next group's, which must stay the only one)."""
+        """The group's callers go on (and, if its leader still counts among those committing,
+        it leaves them: given up once only, or more than ``groups`` would commit at once)."""
         with self._cond:
             for member in group:
                 member.done = True
             if give_up_the_lead:
-                self._leading = False
+                self._leaders -= 1
             self._cond.notify_all()
 
     def _alone(self, work, outputs):

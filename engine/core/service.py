@@ -42,6 +42,13 @@ INSERT_SNAPSHOT = (
 SNAPSHOT_ROW = '(%s, %s, 1, {now_plus}, {now})'
 
 
+# Groups of creates committing at once. The database shares one log flush among concurrent
+# commits itself; creates waiting in this process for one group at a time lost more than the
+# grouping saved (bench burst, 4 client threads, alternating: 603-627 jobs/s with 1, 746-778
+# with 4).
+CREATE_GROUPS = 4
+
+
 class _CreateWork:
     """One create in the creates' group commit: admitted against the counts its group read
     (AiJobService._admit_group), then written."""
@@ -104,7 +111,7 @@ class AiJobService:
         # With the creates of other threads (web requests) in one transaction, one commit; then
         # their events, claimed in it, pushed together.
         self.creates = GroupCommit(
-            store, after_commit=self._push_created, prepare=self._admit_group
+            store, after_commit=self._push_created, prepare=self._admit_group, groups=CREATE_GROUPS
         )
         self.snapshot_ttl_ms = snapshot_ttl_ms
         self.registry = registry
