@@ -56,7 +56,7 @@ class GroupCommit:
         """``groups``: how many groups may commit at once (each its own transaction)."""
         self.store = store
         self.after_commit = after_commit
-        self.prepare = prepare
+        self.prepare = prepare or (lambda works: None)
         self._cond = threading.Condition()
         self._waiting = []  # tickets for the next group
         self.max_groups = groups
@@ -90,31 +90,34 @@ class GroupCommit:
         except BaseException as exc:  # the leader's own failure ends every work of its group
             for member in group:
                 member.outcomes = [exc] * len(member.works)
-            self._end(group, give_up_the_lead=True)
+            self._give_up_the_lead()
+            self._end(group)
             raise
-        with self._cond:  # the next group may begin while this one's after_commit runs
-            self._leaders -= 1
-            self._cond.notify_all()
+        self._give_up_the_lead()  # the next group may begin while this one's after_commit runs
         try:
             self._after(outputs)
         finally:
             self._end(group)
         return ticket.outcomes
 
-    def _end(self, group, give_up_the_lead=False):
-        """The group's callers go on (and, if its leader still counts among those committing,
-        it leaves them: given up once only, or more than ``groups`` would commit at once)."""
+    def _give_up_the_lead(self):
+        """This group's transaction ended: another may begin (once per group, or more than
+        ``groups`` would commit at once)."""
+        with self._cond:
+            self._leaders -= 1
+            self._cond.notify_all()
+
+    def _end(self, group):
+        """The group's callers go on."""
         with self._cond:
             for member in group:
                 member.done = True
-            if give_up_the_lead:
-                self._leaders -= 1
             self._cond.notify_all()
 
     def _alone(self, work, outputs):
         try:
             with self.store.atomic() as tx:
-                self._prepare([work])
+                self.prepare([work])
                 output = work(tx)
         except Exception as exc:
             return exc
@@ -163,16 +166,12 @@ class GroupCommit:
             )
         return []  # every work failed
 
-    def _prepare(self, works):
-        if self.prepare is not None:
-            self.prepare(works)
-
     def _all(self, left, together, tx):
         """Every work of ``left`` in the transaction ``tx``, their rows written ``together``
         (sql.rows_together: one INSERT per statement for the whole group); the first work that
         raises rolls it back (_Rollback names it). Returns what the works returned. A failing
         ``prepare`` fails every work (the store's trouble, or a bug: no one work to blame)."""
-        self._prepare([member.works[i] for member, i in left])
+        self.prepare([member.works[i] for member, i in left])
         outputs = []
         try:
             with rows_together() if together else contextlib.nullcontext():

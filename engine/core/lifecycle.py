@@ -147,9 +147,12 @@ FINISH_BATCH = 100
 EXTEND_BATCH = 500
 
 
-def _fenced_update(sets, fence_sql, extra_condition=None):
-    """``UPDATE ai_job SET <sets>`` for one running job, only while ``fence_sql`` holds."""
-    where = "id = %%s AND lifecycle_status = 'running' AND %s" % fence_sql
+def _fenced_update(sets, fence_sql, extra_condition=None, count=1):
+    """``UPDATE ai_job SET <sets>`` for ``count`` running jobs, each only while its fence
+    holds. Parameters: the sets', then each job's id and fence parameters (the ORed ids make a
+    primary-key range)."""
+    fences = ' OR '.join(['(id = %%s AND %s)' % fence_sql] * count)
+    where = "lifecycle_status = 'running' AND (%s)" % fences
     if extra_condition:
         where += ' AND ' + extra_condition
     return statement('UPDATE ai_job SET %s WHERE %s' % (sets, where))
@@ -157,23 +160,16 @@ def _fenced_update(sets, fence_sql, extra_condition=None):
 
 def _finish_update(columns, fence_sql, extra_condition, count):
     """running → terminal for ``count`` jobs in one UPDATE, each under its own fence: sets
-    ``lifecycle_status``, then ``columns`` per job (a ``CASE id`` when there are several).
-    Parameters: the status, each column's (id, value) pairs (or one job's values), then the
-    ids, then each job's (id, fence parameters)."""
-    done = 'finished_at = {now}, lock_until = NULL, updated_at = {now}'
-    if count == 1:
-        sets = ''.join('%s = %%s, ' % name for name in columns)
-        return _fenced_update(
-            'lifecycle_status = %%s, %s%s' % (sets, done), fence_sql, extra_condition
-        )
+    ``lifecycle_status``, then each of ``columns`` per job (``CASE id``). Parameters: the
+    status, each column's (id, value) pairs, then each job's id and fence parameters."""
     case = 'CASE id%s END' % (' WHEN %s THEN %s' * count)
     sets = ''.join('%s = %s, ' % (name, case) for name in columns)
-    fences = ' OR '.join(['(id = %%s AND %s)' % fence_sql] * count)
-    where = "id IN (%s) AND lifecycle_status = 'running' AND (%s)" % (placeholders(count), fences)
-    if extra_condition:
-        where += ' AND ' + extra_condition
-    return statement(
-        'UPDATE ai_job SET lifecycle_status = %%s, %s%s WHERE %s' % (sets, done, where)
+    return _fenced_update(
+        'lifecycle_status = %%s, %sfinished_at = {now}, lock_until = NULL, updated_at = {now}'
+        % sets,
+        fence_sql,
+        extra_condition,
+        count,
     )
 
 
@@ -669,17 +665,12 @@ class AiJobLifecycleRepository:
         for start in range(0, len(finishes), FINISH_BATCH):
             chunk = finishes[start : start + FINISH_BATCH]
             update = _finish_update(columns, fence_sql, extra_condition, len(chunk))
-            if len(chunk) == 1:
-                job_id, values, fence_params = chunk[0]
-                params = (to_status,) + values + (job_id,) + fence_params
-            else:
-                params = [to_status]
-                for i in range(len(columns)):
-                    for job_id, values, _ in chunk:
-                        params += (job_id, values[i])
-                params += [job_id for job_id, _, _ in chunk]
-                for job_id, _, fence_params in chunk:
-                    params += (job_id,) + fence_params
+            params = [to_status]
+            for i in range(len(columns)):
+                for job_id, values, _ in chunk:
+                    params += (job_id, values[i])
+            for job_id, _, fence_params in chunk:
+                params += (job_id,) + fence_params
             matched = self.store.execute(update, params).rowcount
             if matched == len(chunk):
                 continue

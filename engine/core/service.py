@@ -56,11 +56,11 @@ class _CreateWork:
     def __init__(self, user_id, write):
         self.user_id = user_id
         self.write = write
-        self.admission = None  # AdmissionCounts, when there are limits
+        self.counts = None  # its group's AdmissionCounts, when there are limits
 
     def __call__(self, tx):
-        if self.admission is not None:
-            self.admission.admit(self.user_id)
+        if self.counts is not None:
+            self.counts.admit(self.user_id)
         return self.write(tx)
 
 
@@ -180,7 +180,7 @@ class AiJobService:
             return
         counts = self.admission.counts(work.user_id for work in works)
         for work in works:
-            work.admission = counts
+            work.counts = counts
 
     def _push_created(self, outputs):
         """After a group of creates committed: the events they claimed, pushed in one call."""
@@ -529,11 +529,10 @@ class Admission:
             self, {user: values[2 * i : 2 * i + 2] for i, user in enumerate(users)}
         )
 
-    def refuse(self, active, created_today):
-        """The limit that ``active`` unfinished and ``created_today`` jobs reach, as the error to
-        raise, or None."""
+    def check(self, active, created_today):
+        """Raises the limit that ``active`` unfinished and ``created_today`` jobs reach."""
         if self.max_active_per_user and active >= self.max_active_per_user:
-            return TooManyJobsError(
+            raise TooManyJobsError(
                 'user has %d unfinished jobs (limit %d)' % (active, self.max_active_per_user)
             )
         if self.daily_quota and created_today >= self.daily_quota:  # the database's UTC day
@@ -541,8 +540,7 @@ class Admission:
             next_day = now.replace(hour=0, minute=0, second=0, microsecond=0) + datetime.timedelta(
                 days=1
             )
-            return QuotaExceededError(retry_after_s=max(1, int((next_day - now).total_seconds())))
-        return None
+            raise QuotaExceededError(retry_after_s=max(1, int((next_day - now).total_seconds())))
 
 
 class AdmissionCounts:
@@ -557,8 +555,6 @@ class AdmissionCounts:
         counts = self.by_user.get(user_id)
         if counts is None:  # no limit to check
             return
-        refusal = self.admission.refuse(*counts)
-        if refusal is not None:
-            raise refusal
+        self.admission.check(*counts)
         counts[0] += 1
         counts[1] += 1
