@@ -1,6 +1,7 @@
 """The import arrows go one way: core at the bottom; execution on core; dispatch on both; the job
-types on core and execution only; runtime and bench above them; http on top; aijob.py above all.
-Every import counts, function-level ones too (docs/architecture.md, "Layout")."""
+types and the gateway on core and execution only; runtime and bench above them; http on top;
+aijob.py above all. Every import counts, function-level ones too (docs/architecture.md,
+"Layout")."""
 
 import ast
 import pathlib
@@ -13,9 +14,10 @@ ALLOWED = {
     'execution': {'core'},
     'dispatch': {'core', 'execution'},
     'jobtypes': {'core', 'execution'},
-    'runtime': {'core', 'execution', 'dispatch'},
-    'bench': {'core', 'execution', 'dispatch', 'runtime'},
-    'http': {'core', 'execution', 'dispatch', 'runtime'},
+    'gateway': {'core', 'execution'},
+    'runtime': {'core', 'execution', 'dispatch', 'gateway'},
+    'bench': {'core', 'execution', 'dispatch', 'runtime', 'gateway'},
+    'http': {'core', 'execution', 'dispatch', 'runtime', 'gateway'},
 }
 
 

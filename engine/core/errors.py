@@ -437,6 +437,19 @@ class JobCancelledError(JobFailure):
     public_message = 'The job was cancelled.'
 
 
+class JobDeferred(Exception):
+    """Not a failure: the job must wait ``delay_s`` before its next provider call (a provider's
+    rate limit is used up, or a budget that says ``wait`` is spent until its period resets).
+    The engine hands the job back without spending a retry or holding a worker thread.
+    ``reason`` says which rule deferred it (for the history and the logs)."""
+
+    def __init__(self, delay_s, reason, detail=None):
+        super().__init__('%s: deferred %.3f s' % (reason, delay_s))
+        self.delay_s = max(0.0, float(delay_s))
+        self.reason = reason
+        self.detail = dict(detail or {})
+
+
 class InternalJobError(JobFailure):
     code = 'INTERNAL_ERROR'
     retryable = True

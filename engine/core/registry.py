@@ -85,6 +85,17 @@ class SecurityPolicy:
 
 
 @dataclass(frozen=True)
+class CachePolicy:
+    """The response cache, opt-in per definition: an identical request (provider, model, prompt,
+    rendered messages, sampling, output schema version) answered within ``ttl_ms`` is answered
+    again from the cache. ``scope``: 'user' (the default: one user's output never reaches
+    another) or 'global'."""
+
+    ttl_ms: int
+    scope: str = 'user'
+
+
+@dataclass(frozen=True)
 class JobDefinition:
     job_type: str
     metadata: Metadata
@@ -96,6 +107,8 @@ class JobDefinition:
     projector: Optional[str] = None  # ResultProjector key; None = the built-in JSON artifact
     security: SecurityPolicy = field(default_factory=SecurityPolicy)
     provider: Optional[str] = None  # AI provider key; None = the configured default
+    route: Optional[str] = None  # a route of AIJOB_PROVIDERS (a fallback chain), instead
+    cache: Optional[CachePolicy] = None  # the response cache; None = never cached
     api_creatable: bool = True  # may clients create it through POST /api/ai/jobs?
 
 

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from ..core import metrics
 from ..core.errors import (
@@ -19,6 +20,7 @@ from ..core.errors import (
     IllegalTransitionError,
     InternalJobError,
     JobCancelledError,
+    JobDeferred,
     JobFailure,
     JobLockConflictError,
     JobNotFoundError,
@@ -32,7 +34,7 @@ from ..core.lifecycle import CANCELLED, FAILED, SUCCEEDED, Fence
 from ..core.logs import log_event
 from ..core.models import AiJob, canonical_hash
 from ..core.registry import first_error
-from .providers import CallContext, ProviderRequest, Usage
+from .providers import CallContext, EntryUnavailable, ProviderRequest, Usage
 from .usage import record_usage
 
 # Waits between tries of a job's final write while the store is unreachable.
@@ -78,13 +80,13 @@ class _Success:
     ``work`` is that transaction's work, for a group commit; ``write_alone`` writes it in a
     transaction of its own (``execute``'s path, refusals included)."""
 
-    def __init__(self, engine, a, resolved, output, usage, latency_ms, call_no):
+    def __init__(self, engine, a, resolved, output, usage, latency_ms, call):
         self.attempt = a
         self.resolved = resolved
-        self.args = (a, resolved, usage, latency_ms, call_no)  # for _projection_failed
+        self.args = (a, resolved, usage, latency_ms, call)  # for _projection_failed
         self.ready_at = time.monotonic()
-        self.work = engine._projection(a, resolved, output, usage, latency_ms, call_no)
-        self.write_alone = lambda: engine._project(a, resolved, output, usage, latency_ms, call_no)
+        self.work = engine._projection(a, resolved, output, usage, latency_ms, call)
+        self.write_alone = lambda: engine._project(a, resolved, output, usage, latency_ms, call)
 
 
 @dataclass
@@ -300,8 +302,8 @@ class ExecutionEngine:
                 self._check_cancel(a, read_store=not fresh_lock)
                 fresh_lock = False
                 try:
-                    output, usage, latency_ms = self._call(a, resolved, a.retries_used + 1)
-                    args = (a, resolved, output, usage, latency_ms, a.retries_used + 1)
+                    output, usage, latency_ms, call = self._call(a, resolved, a.retries_used + 1)
+                    args = (a, resolved, output, usage, latency_ms, call)
                     if a.defer_success:  # the caller commits it with others (execute_batch)
                         return _Success(self, *args)
                     return self._project(*args)
@@ -342,7 +344,9 @@ class ExecutionEngine:
 
     def _call(self, a, resolved, call_no):
         """One provider call: generate within the deadline, validate, safety on output. Every
-        call leaves a usage row: a failed one here, a successful one in PROJECT's transaction."""
+        call leaves a usage row: a failed one here, a successful one in PROJECT's transaction.
+        Returns (output, usage, latency_ms, call): ``call`` is the ProviderCall, which names the
+        provider and model that answered."""
         definition = a.definition
         ctx = CallContext(
             deadline=time.monotonic() + definition.execution.timeout_ms / 1000.0,
@@ -359,12 +363,14 @@ class ExecutionEngine:
             model=resolved.model,
             prompt_version=a.job.prompt_version,
         )
+        call = self.ai.gateway.prepare_call(a, resolved, request)
+        request.model = call.model
         started = time.monotonic()
         usage = None
         try:
             try:
-                result = self._generate(resolved, request, ctx)
-            except AiJobError:
+                result, call = self._guarded(a, call, ctx)
+            except (AiJobError, JobDeferred):
                 raise
             except Exception as exc:  # a provider bug must not kill the worker
                 raise InternalJobError(
@@ -372,43 +378,93 @@ class ExecutionEngine:
                 ) from exc
             usage = result.usage
             if a.abandoned:  # the lock went while the call ran: its cost was incurred all the same
-                self._log_usage_now(a, resolved, call_no, usage, started, LOCK_LOST)
+                self._log_usage_now(a, call, usage, started, LOCK_LOST)
             a.stop_if_told()
             validate_output(definition, result.output)
             if definition.security.content_safety_check:
                 self.ai.safety.check(result.output, 'output')
-            return result.output, result.usage, _ms_since(started)
+            return result.output, result.usage, _ms_since(started), call
         except JobFailure as failure:
+            call = failure.call = getattr(failure, 'call', call)
             usage = usage or getattr(failure, 'usage', None)
             if a.abandoned:
-                self._log_usage_now(a, resolved, call_no, usage, started, LOCK_LOST)
+                self._log_usage_now(a, call, usage, started, LOCK_LOST)
                 raise AttemptAbandoned(a.job.id) from None
-            self._log_usage_now(a, resolved, call_no, usage, started, failure.code)
+            self._log_usage_now(a, call, usage, started, failure.code)
             raise
 
-    def _generate(self, resolved, request, ctx):
+    def _guarded(self, a, call, ctx):
+        """``_guarded_entry`` on the call's route entry, then on the next one for as long as a
+        guard finds an entry unavailable; with no entry left, the job is deferred. Returns
+        (result, the call that answered); an exception carries its call as ``exc.call``."""
+        while True:
+            try:
+                return self._guarded_entry(call, ctx), call
+            except EntryUnavailable as unavailable:
+                following = self.ai.gateway.next_entry(a, call, unavailable)
+                if following is None:
+                    deferral = unavailable.deferral()
+                    deferral.call = call
+                    raise deferral from None
+                call = following
+            except BaseException as exc:
+                exc.call = call
+                raise
+
+    def _guarded_entry(self, call, ctx):
+        """The provider call held by the configured guards (providers.CallGuard): each guard's
+        ``before`` in order (a guard may answer the call itself, or defer or fail it), the call,
+        then ``after`` for every guard whose ``before`` returned, however the call ended."""
+        passed = []
+        try:
+            result = None
+            for guard in self.ai.guards:
+                result = guard.before(call)
+                passed.append(guard)
+                if result is not None:
+                    call.cached = True
+                    break
+            if result is None:
+                result = self._generate(call, ctx)
+        except BaseException as exc:
+            for guard in passed:
+                guard.after(call, getattr(exc, 'usage', None), exc)
+            raise
+        for guard in passed:
+            guard.after(call, result.usage, None)
+        return result
+
+    def _generate(self, call, ctx):
         """The provider call itself, timed and counted for the metrics."""
         started = time.monotonic()
         usage, error_code = None, 'INTERNAL_PROVIDER_ERROR'
         try:
-            result = resolved.provider.generate(request, ctx)
+            result = call.provider.generate(call.request, ctx)
             usage, error_code = result.usage, None
             return result
         except AiJobError as exc:
             usage, error_code = getattr(exc, 'usage', None), exc.code
             raise
         finally:
-            key = resolved.provider.key or ''
-            cost = self.ai.pricing.cost(key, resolved.model, usage) if usage else None
+            key = call.provider_key
+            cost = self.ai.pricing.cost(key, call.model, usage) if usage else None
             metrics.provider_call(
-                key, resolved.model, error_code, time.monotonic() - started, usage, cost
+                key, call.model, error_code, time.monotonic() - started, usage, cost
             )
 
-    def _log_usage_now(self, a, resolved, call_no, usage, started, error_code):
+    def _log_usage_now(self, a, call, usage, started, error_code):
+        """The usage row of a call that did not succeed, in a transaction of its own (with
+        what the guards settle for it)."""
         latency_ms = _ms_since(started)
-        self._until_written(
-            a, lambda: self._log_usage(a, resolved, call_no, usage, latency_ms, error_code)
-        )
+
+        def write():
+            if not self.ai.guards:
+                return self._log_usage(a, call, usage, latency_ms, error_code)
+            return self.store.run_in_transaction(
+                lambda tx: self._log_usage(a, call, usage, latency_ms, error_code)
+            )
+
+        self._until_written(a, write)
 
     def _set_progress(self, a, percent):
         percent = max(0, min(100, int(percent)))
@@ -472,13 +528,13 @@ class ExecutionEngine:
             raise JobCancelledError('cancel requested')
 
     # ------------------------------------------------------------ PROJECT
-    def _project(self, a, resolved, output, usage, latency_ms, call_no):
+    def _project(self, a, resolved, output, usage, latency_ms, call):
         self._until_written(
-            a, lambda: self._project_in_unit(a, resolved, output, usage, latency_ms, call_no)
+            a, lambda: self._project_in_unit(a, resolved, output, usage, latency_ms, call)
         )
         return self._complete(a, SUCCEEDED, None)
 
-    def _projection(self, a, resolved, output, usage, latency_ms, call_no):
+    def _projection(self, a, resolved, output, usage, latency_ms, call):
         """The PROJECT transaction's work, ``work(tx)``: the job succeeds, its output is
         projected and its call's usage recorded, all or nothing."""
         output_hash = canonical_hash(output)
@@ -490,31 +546,31 @@ class ExecutionEngine:
             # group back, and it runs again with each job's write first and on its own.
             self.lifecycle.mark_succeeded(a.job.id, fence=a.fence, output_hash=output_hash)
             resolved.projector.project(tx, a.job, output)
-            self._log_usage(a, resolved, call_no, usage, latency_ms, None)
+            self._log_usage(a, call, usage, latency_ms, None)
 
         return work
 
-    def _project_in_unit(self, a, resolved, output, usage, latency_ms, call_no):
-        work = self._projection(a, resolved, output, usage, latency_ms, call_no)
+    def _project_in_unit(self, a, resolved, output, usage, latency_ms, call):
+        work = self._projection(a, resolved, output, usage, latency_ms, call)
         try:
             self.store.run_in_transaction(work)
         except Exception as exc:
-            self._projection_failed(a, resolved, usage, latency_ms, call_no, exc)
+            self._projection_failed(a, resolved, usage, latency_ms, call, exc)
 
-    def _projection_failed(self, a, resolved, usage, latency_ms, call_no, exc):
+    def _projection_failed(self, a, resolved, usage, latency_ms, call, exc):
         """A PROJECT transaction raised ``exc`` and rolled back: record its call's usage as
         it stands, and raise what the job goes on with."""
         if isinstance(exc, JobCancelledError):  # a cancel request beat the success write
-            self._log_usage(a, resolved, call_no, usage, latency_ms, None)
+            self._log_usage(a, call, usage, latency_ms, None)
             raise exc
         if isinstance(exc, JobLockConflictError):  # a zombie: its result goes, its cost stays
-            self._log_usage(a, resolved, call_no, usage, latency_ms, LOCK_LOST)
+            self._log_usage(a, call, usage, latency_ms, LOCK_LOST)
             raise exc
         if isinstance(exc, JobFailure):
             raise exc
         if self.store.is_unreachable(exc):
             raise exc  # not the projection's fault: written again when the store returns
-        self._log_usage(a, resolved, call_no, usage, latency_ms, 'INTERNAL_PROJECTION_FAILED')
+        self._log_usage(a, call, usage, latency_ms, 'INTERNAL_PROJECTION_FAILED')
         raise InternalJobError(
             'projection failed: %s' % exc.__class__.__name__, code='INTERNAL_PROJECTION_FAILED'
         ) from exc
@@ -542,19 +598,15 @@ class ExecutionEngine:
         )
         return status
 
-    def _log_usage(self, a, resolved, call_no, usage, latency_ms, error_code):
+    def _log_usage(self, a, call, usage, latency_ms, error_code):
+        """The call's ai_usage_log row, on the caller's connection and in its transaction, and
+        what each guard settles for the call with it."""
         usage = usage or Usage()
-        key = resolved.provider.key or ''
-        record_usage(
-            a.job,
-            call_no,
-            key,
-            resolved.model,
-            usage,
-            self.ai.pricing.cost(key, resolved.model, usage),
-            latency_ms,
-            error_code,
-        )
+        key = call.provider_key
+        cost = Decimal(0) if call.cached else self.ai.pricing.cost(key, call.model, usage)
+        record_usage(a.job, call.call_no, key, call.model, usage, cost, latency_ms, error_code)
+        for guard in self.ai.guards:
+            guard.settle(call, usage, cost, error_code)
 
     # ------------------------------------------------------------ for the supervisor
     def held_attempts(self):

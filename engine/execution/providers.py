@@ -12,6 +12,7 @@ from typing import Optional
 
 from ..core.errors import (
     JobCancelledError,
+    JobDeferred,
     JobTimeoutError,
     MisconfiguredJobError,
 )
@@ -89,6 +90,79 @@ class CallContext:
             self._on_progress(max(0, min(99, int(percent))))
 
 
+@dataclass
+class ProviderCall:
+    """One provider call the engine is about to make for a job: which provider and model it goes
+    to (the gateway picks them, a route entry at a time) and each guard's own state for it.
+    The usage row of the call names ``provider_key`` and ``model``."""
+
+    job: object  # the AiJob as the lock read it
+    definition: object
+    request: ProviderRequest
+    provider: object  # the Provider
+    model: str
+    call_no: int
+    notes: dict = field(default_factory=dict)  # per guard: its reservations for this call
+    cached: bool = False  # answered by the response cache: no provider was called
+    # What the gateway knows of the route entry (None or 0 where nothing is configured):
+    max_tokens: Optional[int] = None  # the completion cap sent with the request
+    prompt_tokens: int = 0  # the estimated prompt tokens of the rendered request
+    price: object = None  # usage.Price of this provider/model
+    limits: object = None  # the entry's rate limits (rpm, tpm), or None
+    has_next_entry: bool = False  # may the route move on to another entry?
+
+    @property
+    def provider_key(self):
+        return self.provider.key or ''
+
+    @property
+    def entry_key(self):
+        """'provider/model': how configuration, cooldowns, limits and metrics name the entry."""
+        return '%s/%s' % (self.provider_key, self.model)
+
+
+class EntryUnavailable(Exception):
+    """A guard's ``before`` says this call's route entry cannot take the call now (its rate
+    limit is used up for ``delay_s``): the gateway moves the call to the route's next entry,
+    and when there is none the job is deferred (JobDeferred) for ``delay_s``."""
+
+    def __init__(self, delay_s, reason, detail=None):
+        super().__init__('%s: entry unavailable for %.3f s' % (reason, delay_s))
+        self.delay_s = delay_s
+        self.reason = reason
+        self.detail = dict(detail or {})
+
+    def deferral(self):
+        return JobDeferred(self.delay_s, self.reason, self.detail)
+
+
+class CallGuard:
+    """A rule held around every provider call (rate limits, budgets, the response cache). The
+    engine runs each configured guard, in order, around each call:
+
+    - ``before(call)`` before the call: reserve what the call may use. Raise JobDeferred (the job
+      waits), or a JobFailure (it fails or retries); return a ProviderResult to answer the call
+      without a provider (a cache hit: the guards after it are skipped);
+    - ``after(call, usage, failure)`` once the call is over or will not be made, outside any
+      transaction: ``usage`` (providers.Usage or None) is what it used, ``failure`` the exception
+      that ended it (a JobFailure or JobDeferred) or None. Every guard whose ``before`` returned
+      hears ``after`` exactly once;
+    - ``settle(call, usage, cost, error_code)`` inside the transaction that writes the call's
+      usage row (the success's PROJECT transaction, or the failed call's own), so that what a
+      guard records commits with that row or not at all.
+
+    With no guard configured the engine's path is what it was: the list is empty."""
+
+    def before(self, call):
+        return None
+
+    def after(self, call, usage, failure):
+        pass
+
+    def settle(self, call, usage, cost, error_code):
+        pass
+
+
 class Provider:
     """One AI backend. ``generate`` returns a ProviderResult whose ``output`` is a dict, or
     raises a JobFailure; it must return promptly once ``ctx`` says cancelled or out of time."""
@@ -124,3 +198,20 @@ class AiGateway:
                 'no provider %r configured' % key, code='INTERNAL_PROVIDER_MISSING'
             )
         return provider, getattr(provider, 'model', None) or provider.key
+
+    def next_entry(self, attempt, call, unavailable):
+        """The ProviderCall that replaces ``call`` when its entry is unavailable (EntryUnavailable
+        ``unavailable``), or None when the route has no other entry: here, never another."""
+        return None
+
+    def prepare_call(self, attempt, resolved, request):
+        """The ProviderCall for the next call of a job: here, the provider and model RESOLVE
+        routed it to."""
+        return ProviderCall(
+            job=attempt.job,
+            definition=attempt.definition,
+            request=request,
+            provider=resolved.provider,
+            model=resolved.model,
+            call_no=request.attempt,
+        )

@@ -27,6 +27,8 @@ class AiServices:
     projectors: ProjectorRegistry = field(default_factory=ProjectorRegistry)
     prompts: PromptLibrary = field(default_factory=default_library)
     platform_key_configured: bool = False
+    # CallGuards held around every provider call, in order (providers.CallGuard); none by default.
+    guards: list = field(default_factory=list)
 
     def platform_available(self, definition):
         """Can a job of ``definition`` run in platform_key mode here? Not when its provider is
