@@ -10,7 +10,6 @@ import datetime
 import hashlib
 import json
 import logging
-import re
 import select
 import socket
 import threading
@@ -46,7 +45,7 @@ from ..core.models import AiJob
 from ..core.service import CreateJobInput
 from ..core.store import OperationalError, PoolExhausted
 from ..execution.usage import usage_totals
-from . import history_view, stream, views
+from . import history_view, json_body, stream, views
 from . import params as admin_jobs
 from .auth import TokenStore, bearer_token
 from .dashboard import Dashboard
@@ -58,9 +57,6 @@ from .openapi_push import push_paths, push_schemas
 from .webhook_views import WebhookEndpoints
 
 JSON_TYPE = 'application/json'
-MAX_JSON_DEPTH = 64
-TOO_DEEP = 'The request body is nested deeper than %d levels.' % MAX_JSON_DEPTH
-_SURROGATE = re.compile('[\ud800-\udfff]')
 MAX_WAIT_MS = 30_000
 USAGE_GROUPS = {'user': 'user', 'jobType': 'job_type'}
 CREATE_FIELDS = (
@@ -219,14 +215,12 @@ def _json_body(max_bytes):
     if len(raw) > max_bytes:
         raise PayloadTooLargeError('The request body is larger than %d bytes.' % max_bytes)
     try:
-        body = json.loads(raw.decode('utf-8'), parse_constant=_reject_constant)
-    except RecursionError:
-        raise InvalidRequestError(TOO_DEEP) from None
-    except ValueError:
-        raise InvalidJsonError() from None
+        text = raw.decode('utf-8')
+    except UnicodeError:
+        raise InvalidJsonError('The request body is not UTF-8 text.') from None
+    body = json_body.loads(text)
     if not isinstance(body, dict):
         raise InvalidJsonError('The request body must be a JSON object.')
-    _check_json_values(body)
     return body
 
 
@@ -290,37 +284,16 @@ def _original_poll():
     return monkey.get_original('select', 'poll')()
 
 
-def _check_json_values(body):
-    """What json.loads lets through and nothing after it can store or hash: a lone surrogate
-    escape (``"\\ud800"`` is valid JSON, but no UTF-8 text); and nesting deeper than MAX_JSON_DEPTH
-    (the schema validator and the hash recurse)."""
-    pending = [(body, 1)]
-    while pending:
-        value, depth = pending.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise InvalidRequestError(TOO_DEEP)
-        if isinstance(value, dict):
-            pending.extend((item, depth + 1) for item in value.values())
-            pending.extend((key, depth) for key in value)
-        elif isinstance(value, list):
-            pending.extend((item, depth + 1) for item in value)
-        elif isinstance(value, str) and _SURROGATE.search(value):
-            raise InvalidJsonError('The request body holds a lone surrogate escape (\\ud800).')
-
-
-def _reject_constant(name):
-    raise ValueError('%s is not JSON' % name)
-
-
 def _wait_ms():
     raw = bottle.request.query.get('waitMs')
     if raw is None:
         return 0
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_WAIT_MS:  # not '', '²' or '①'
+    wait_ms = admin_jobs.whole_number(raw, 0, MAX_WAIT_MS)
+    if wait_ms is None:
         raise InvalidRequestError(
             'waitMs must be a whole number 0..%d' % MAX_WAIT_MS, field='waitMs'
         )
-    return int(raw)
+    return wait_ms
 
 
 def _header(name):
