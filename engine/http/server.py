@@ -25,7 +25,8 @@ import time
 import gunicorn.util
 from gunicorn.app.base import BaseApplication
 
-from ..core import metrics
+from ..core import master_key, metrics
+from ..core.config import Config
 from ..core.errors import (
     ExpectationFailedError,
     ForbiddenError,
@@ -239,18 +240,38 @@ def gunicorn_options(config, host, port, workers):
 
 
 def run_web(config, host, port, workers):
-    """``python aijob.py web``: the API only; workers run nothing in the background."""
+    """``python aijob.py web``: the API only; workers run nothing in the background. Refuses
+    to start without a master key the store's webhooks or users' keys need."""
     configure_logging()
+    runtime = Runtime(config, role='web-setup')
+    try:
+        master_key.require(config, runtime.store)
+    finally:
+        runtime.close()  # nothing opened here may be inherited by the forked workers
     run_gunicorn(config, gunicorn_options(config, host, port, workers))
+
+
+def with_dev_master_key(config):
+    """(config, path of the development key file or None): ``serve`` with no
+    AIJOB_CREDENTIAL_MASTER_KEY on SQLite uses a key of its own, kept beside the database
+    (engine/core/master_key.py), so webhooks and users' keys work with no configuration."""
+    path = None if config.credential_master_key else master_key.dev_key_path(config.database_url)
+    if path is None:
+        return config, None
+    key, _ = master_key.load_or_create(path)
+    return Config(dict(vars(config), credential_master_key=key)), path
 
 
 def run_serve(config, host, port):
     """``python aijob.py serve``: everything in one process, for local development. Creates the
-    schema, prints the URL and a fresh development admin token, then serves."""
+    schema, prints the URL, a fresh development admin token and where the development master
+    key is kept (never the key), then serves."""
     configure_logging()
+    config, key_path = with_dev_master_key(config)
     runtime = Runtime(config, role='serve-setup')
     try:
         runtime.create_schema()
+        master_key.require(config, runtime.store)  # a server database: the key is the operator's
         with runtime.store.connection():
             token = TokenStore(runtime.store).create('dev-admin', admin=True)
     finally:
@@ -267,5 +288,7 @@ def run_serve(config, host, port):
     )
     print('development admin token (user dev-admin, SUPER_ADMIN):', flush=True)
     print(token, flush=True)
-    log_event('serve.starting', url=url)
+    if key_path is not None:
+        print("development master key (webhook secrets, users' keys): %s" % key_path, flush=True)
+    log_event('serve.starting', url=url, master_key_file=key_path)
     run_gunicorn(config, gunicorn_options(config, host, port, 1), with_background=True)
