@@ -292,6 +292,19 @@ def test_a_query_number_of_any_length_is_a_clean_answer(api, digits, valid):
             assert response.status == 400 and response.json['error']['field'] == name, response
 
 
+@pytest.mark.parametrize('fill', ['k', '\U0001f600', '\x00'])
+def test_an_idempotency_key_at_its_limit_is_stored_and_replayed(api, fill):
+    """255 characters (4-byte ones, NUL): the job keeps the key as sent, the same request again
+    is the same job; the outbox's dedupe key (job type, user and key) stays within its column."""
+    key = fill * 255
+    first = api.a.post(JOBS, job_body(key=key))
+    assert first.status == 201, first
+    assert AiJob.get_by_id(first.json['jobId']).idempotency_key == key
+    replay = api.a.post(JOBS, job_body(key=key))
+    assert replay.status == 200 and replay.json['jobId'] == first.json['jobId']
+    assert counts() == (1, 1, 1)
+
+
 def test_header_bytes_that_are_not_utf8_are_no_token_or_a_400(api):
     raw_token = WsgiClient(api.app, 'aj_' + 'x' * 20 + '\xff', api.check)
     response = raw_token.get(JOBS + '/x')
