@@ -19,11 +19,13 @@ GEVENT_COMMANDS = ('serve', 'web')
 
 def patch_for_gevent(argv):
     """Before any other import: patch the standard library for gevent when the command serves
-    with it. gunicorn's worker patches again after the fork, which is then a no-op."""
+    with it (the worker class of engine/http/server.py then leaves it as it is). Not aggressive:
+    that would also remove ``select.epoll``, which trio (imported by the OpenAI client's HTTP
+    stack) needs to define itself; nothing here ever waits on it."""
     if argv[:1] and argv[0] in GEVENT_COMMANDS:
         from gevent import monkey
 
-        monkey.patch_all()
+        monkey.patch_all(aggressive=False)
 
 
 def cmd_initdb(config, args):

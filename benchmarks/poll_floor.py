@@ -12,7 +12,7 @@ artifact query: what a status read cannot go below on this stack.
 
 from gevent import monkey
 
-monkey.patch_all()  # first, as aijob.py does for serve and web: before anything imports ssl
+monkey.patch_all(aggressive=False)  # first, as aijob.py does for serve and web
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402

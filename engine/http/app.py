@@ -10,6 +10,7 @@ import datetime
 import hashlib
 import json
 import logging
+import re
 import select
 import socket
 import threading
@@ -51,7 +52,7 @@ from .auth import TokenStore, bearer_token
 from .dashboard import Dashboard
 from .metrics_view import CONTENT_TYPE as METRICS_TYPE
 from .metrics_view import MetricsAccess, scrape
-from .openapi import build_openapi
+from .openapi import allowed_methods, build_openapi
 from .openapi_dashboard import dashboard_paths
 from .openapi_push import push_paths, push_schemas
 from .webhook_views import WebhookEndpoints
@@ -181,6 +182,9 @@ def _bottle_error(error):
     """bottle's own errors (no route, wrong method) as JSON errors."""
     status = error.status_code
     bottle.response.content_type = JSON_TYPE
+    allow = bottle.response.headers.get('Allow')
+    if status == 405 and allow:
+        bottle.response.set_header('Allow', _with_head(allow))
     if status in BOTTLE_ERRORS:
         known = BOTTLE_ERRORS[status]()
         return json.dumps(error_body(known.code, known.public_message))
@@ -881,4 +885,38 @@ def create_app(runtime):
     routes += Dashboard(runtime).routes()
     for method, path, callback, uses_db in routes:
         app.route(path, method, callback, db=uses_db)
+    for path, allow in _allow_headers(api.openapi, routes).items():
+        app.route(path, 'OPTIONS', _options(allow), db=False)
     return app
+
+
+def _allow_headers(document, routes):
+    """{bottle route path: its Allow header}, from the document, whose paths these are."""
+    allow = {}
+    for _, path, _, _ in routes:
+        template = re.sub(r'<(\w+)(:[^>]*)?>', lambda m: '{%s}' % _camel(m.group(1)), path)
+        operations = document['paths'].get(template)
+        if operations is not None:
+            allow[path] = allowed_methods(operations)
+    return allow
+
+
+def _with_head(allow):
+    """bottle's Allow of a 405 names the routes' methods; HEAD goes with GET, as the document
+    and OPTIONS say."""
+    methods = [method.strip() for method in allow.split(',')]
+    if 'GET' in methods and 'HEAD' not in methods:
+        methods.insert(methods.index('GET') + 1, 'HEAD')
+    return ', '.join(methods)
+
+
+def _camel(name):
+    head, *rest = name.split('_')
+    return head + ''.join(part.title() for part in rest)
+
+
+def _options(allow):
+    def options(**path_parameters):
+        return bottle.HTTPResponse(status=204, headers={'Allow': allow})
+
+    return options

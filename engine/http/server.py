@@ -24,7 +24,10 @@ import socket
 import time
 
 import gunicorn.util
+from gevent import monkey
+from gevent import socket as gevent_socket
 from gunicorn.app.base import BaseApplication
+from gunicorn.workers import ggevent
 
 from ..core import master_key, metrics
 from ..core.config import Config
@@ -99,6 +102,21 @@ def _drain_before_close(sock, limit_s=1.0, limit_bytes=1 << 20):
             received += len(chunk)
     except OSError:
         pass
+
+
+class GeventWorker(ggevent.GeventWorker):
+    """gunicorn's gevent worker for a process that aijob.py patched before any import: gunicorn's
+    own ``patch_all()``, with other settings than ours, would warn and remove ``select.epoll``.
+    Only the listening sockets still need gevent's wrapping. A process nobody patched (gunicorn
+    started some other way) is patched here, as gunicorn would."""
+
+    def patch(self):
+        if not monkey.is_module_patched('socket'):
+            monkey.patch_all(aggressive=False)
+        self.sockets = [
+            gevent_socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach())
+            for s in self.sockets
+        ]
 
 
 def _early_signals(server, worker):
@@ -178,7 +196,7 @@ def gunicorn_options(config, host, port, workers):
     return {
         'bind': '%s:%d' % (host, port),
         'workers': workers,
-        'worker_class': 'gevent',
+        'worker_class': GeventWorker,
         'worker_connections': config.max_waiters + config.max_streams + SPARE_CONNECTIONS,
         'timeout': WORKER_TIMEOUT_S,
         'graceful_timeout': config.shutdown_grace_ms // 1000 + 5,
