@@ -699,7 +699,21 @@ def test_openapi_documents_every_route_of_the_app(api):
         return re.sub(r'<(\w+)(?::[^>]*)?>', camel, rule)
 
     routes = {(route.method, openapi_path(route.rule)) for route in api.app.routes}
+    # bottle answers HEAD through the GET route (without the body), as the document says.
+    routes |= {('HEAD', path) for method, path in routes if method == 'GET'}
     assert routes == documented
+
+
+def test_options_lists_the_methods_and_head_answers_as_get_without_a_body(api):
+    job_id = api.create()
+    options = api.anon.request('OPTIONS', JOBS + '/' + job_id)
+    assert options.status == 204 and options.headers['allow'] == 'GET, HEAD, OPTIONS'
+    assert api.anon.request('OPTIONS', JOBS).headers['allow'] == 'GET, POST, HEAD, OPTIONS'
+    head = api.a.request('HEAD', JOBS + '/' + job_id)
+    get = api.a.get(JOBS + '/' + job_id)
+    assert (head.status, head.body, head.headers['etag']) == (200, b'', get.headers['etag'])
+    refused = api.a.request('DELETE', JOBS + '/' + job_id)
+    assert refused.status == 405 and refused.headers['allow'] == 'GET, HEAD, OPTIONS'
 
 
 @pytest.mark.parametrize(
