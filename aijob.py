@@ -1,14 +1,31 @@
 """aijob: the one entry point — the CLI (``python aijob.py COMMAND``) and ``app`` for gunicorn
 (``gunicorn aijob:app``). ``app`` is built on first access, so importing this module opens no
 database; each command imports what it needs, so the HTTP client commands (``submit``,
-``jobs``) start without loading the engine."""
+``jobs``) start without loading the engine.
+
+``serve`` and ``web`` run gunicorn's gevent worker. gevent patches the standard library (sockets,
+ssl, threading, time) here, before anything of ours or of our dependencies is imported: patched
+later, modules that already hold the real ``ssl`` or ``threading.local`` keep them, which is
+what gevent's MonkeyPatchWarning is about (and bottle's request state or peewee's connections
+would be shared by every greenlet). So this module imports nothing of the engine at its top.
+``worker`` keeps real threads and is not patched."""
 
 import argparse
 import sys
 
-from engine.core.config import Config, describe
-from engine.core.errors import AiJobError
-from engine.core.store import OperationalError
+# The commands that serve through gunicorn's gevent worker (engine/http/server.py).
+GEVENT_COMMANDS = ('serve', 'web')
+
+
+def patch_for_gevent(argv):
+    """Before any other import: patch the standard library for gevent when the command serves
+    with it (the worker class of engine/http/server.py then leaves it as it is). Not aggressive:
+    that would also remove ``select.epoll``, which trio (imported by the OpenAI client's HTTP
+    stack) needs to define itself; nothing here ever waits on it."""
+    if argv[:1] and argv[0] in GEVENT_COMMANDS:
+        from gevent import monkey
+
+        monkey.patch_all(aggressive=False)
 
 
 def cmd_initdb(config, args):
@@ -20,6 +37,8 @@ def cmd_initdb(config, args):
 
 
 def cmd_config(config, args):
+    from engine.core.config import describe
+
     print(describe())
 
 
@@ -195,6 +214,10 @@ def build_parser():
 
 
 def main(argv=None):
+    from engine.core.config import Config
+    from engine.core.errors import AiJobError
+    from engine.core.store import OperationalError
+
     args = build_parser().parse_args(argv)
     try:
         config = Config.from_env()
@@ -216,6 +239,7 @@ def __getattr__(name):
     if name != 'app':
         raise AttributeError(name)
     if _app is None:
+        from engine.core.config import Config
         from engine.core.logs import configure as configure_logging
         from engine.http.app import create_app
         from engine.runtime import Runtime
@@ -226,4 +250,5 @@ def __getattr__(name):
 
 
 if __name__ == '__main__':
+    patch_for_gevent(sys.argv[1:])
     sys.exit(main())

@@ -1,7 +1,7 @@
 """The floor for the status GET (issue 9, item 5): a bare bottle app under gunicorn with the same
 settings ``python aijob.py web`` uses (``engine.http.server.gunicorn_options``: the gevent worker
-class, the same worker connections, keep-alive and timeouts, and the same per-worker setup:
-greenlet-local bottle state, lazy objects resolved before the fork), answering ``GET /job/<id>``
+class, the same worker connections, keep-alive and timeouts, and the standard library patched
+for gevent before anything is imported, as aijob.py does), answering ``GET /job/<id>``
 with one primary-key read of ``ai_job`` through pymysql on a connection taken from a per-process
 pool of idle connections (as the engine's store does), and the row as JSON. No auth, no ORM, no
 artifact query: what a status read cannot go below on this stack.
@@ -10,26 +10,26 @@ artifact query: what a status read cannot go below on this stack.
         python benchmarks/poll_floor.py --port 8100 --workers 4
 """
 
-import argparse
-import datetime
-import json
-import os
-import sys
-from urllib.parse import unquote, urlsplit
+from gevent import monkey
 
-import bottle
-import pymysql
-from gunicorn.app.base import BaseApplication
+monkey.patch_all(aggressive=False)  # first, as aijob.py does for serve and web
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from urllib.parse import unquote, urlsplit  # noqa: E402
+
+import bottle  # noqa: E402
+import pymysql  # noqa: E402
+from gunicorn.app.base import BaseApplication  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.core.config import Config  # noqa: E402
 from engine.core.logs import configure as configure_logging  # noqa: E402
-from engine.http.server import (  # noqa: E402
-    greenlet_locals,
-    gunicorn_options,
-    resolve_lazy_objects,
-)
+from engine.http.server import gunicorn_options  # noqa: E402
 
 QUERY = 'SELECT * FROM ai_job WHERE id = %s'
 
@@ -92,7 +92,6 @@ class FloorGunicorn(BaseApplication):
         self.cfg.set('proc_name', 'aijob-poll-floor')
 
     def load(self):
-        greenlet_locals()  # as ``web``: bottle's request state per greenlet, not per process
         return create_floor_app(self.database_url)
 
 
@@ -105,7 +104,6 @@ def main(argv=None):
     config = Config.from_env()
     configure_logging()
     options = gunicorn_options(config, args.host, args.port, args.workers or config.web_workers)
-    resolve_lazy_objects()
     FloorGunicorn(config.database_url, options).run()
 
 

@@ -5,6 +5,7 @@ import logging
 import os
 import socket
 
+from .core import master_key
 from .core.errors import ConfigError, QueueUnavailableError
 from .core.history import JobHistory
 from .core.lifecycle import AiJobLifecycleRepository
@@ -190,6 +191,7 @@ def run_worker_process(config, start_metrics=None):
     configure_logging()
     runtime = Runtime(config, role='worker')
     runtime.store.ping()
+    master_key.require(config, runtime.store)
     try:
         runtime.queue.ping()
     except QueueUnavailableError as exc:

@@ -11,12 +11,15 @@ import pytest
 
 from engine.core.models import AiJob, AiJobSnapshot, ApiToken, OutboxEvent
 from engine.core.registry import JobDefinitionRegistry
+from engine.http import json_body
 from engine.http.app import create_app
 from engine.http.auth import TOKEN_CACHE_S, TokenStore
 from engine.jobtypes.synthetic import SYNTHETIC_JOB_DEFINITION, synthetic_definition
 from tests.support.api import ADMIN_JOBS, JOBS, Harness, job_body, run_to_failed, run_to_running
 from tests.support.helpers import run_threads, wait_until
 from tests.support.wsgi import WsgiClient
+
+JSON_TYPE = 'application/json'
 
 
 def counts():
@@ -189,6 +192,117 @@ def test_nesting_past_the_limit_is_400_saying_so(api, depth):
 def test_nesting_within_the_limit_is_accepted(api):
     nested = {'a': [[[[[[[[[[1]]]]]]]]]]}
     assert api.a.post(JOBS, job_body(input={'output': nested})).status == 201
+
+
+# ---------------------------------------------------------------- numbers (issue 24)
+CREATE_RAW = '{"jobType": "synthetic", "targetType": "t", "targetId": "n", %s}'
+
+
+@pytest.mark.parametrize(
+    'fields',
+    [
+        '"input": {"a": 1e400}',
+        '"input": {"a": -1e400}',
+        '"input": {"output": {"deep": [1, {"x": 1E+400}]}}',
+        '"input": {}, "overrides": {"priority": 1e400}',
+        '"input": {}, "overrides": {"priority": -1e400}',
+        '"input": {}, "overrides": {"promptVersion": -1e400}',
+    ],
+)
+def test_a_number_beyond_a_double_is_400_invalid_json_and_writes_nothing(api, fields):
+    response = api.a.post(JOBS, body=(CREATE_RAW % fields).encode(), content_type=JSON_TYPE)
+    assert response.status == 400 and response.error_code == 'INVALID_JSON', response
+    assert 'largest a double' in response.json['error']['message']
+    assert counts() == (0, 0, 0)
+
+
+def test_a_number_that_would_become_zero_is_400(api):
+    raw = CREATE_RAW % '"input": {"a": 1e-400}'
+    response = api.a.post(JOBS, body=raw.encode(), content_type=JSON_TYPE)
+    assert response.status == 400 and response.error_code == 'INVALID_JSON', response
+    assert 'would become 0' in response.json['error']['message']
+    zero = (CREATE_RAW % '"input": {"a": 0e-400}').encode()
+    assert api.a.post(JOBS, body=zero, content_type=JSON_TYPE).status == 201
+
+
+@pytest.mark.parametrize('number', [10**400, -(10**999) + 1, 2**64 + 1, 1.7976931348623157e308])
+def test_a_huge_number_within_the_limits_round_trips_exactly(api, number):
+    body = job_body(key='big', input={'output': {'n': number}})
+    first = api.a.post(JOBS, body)
+    assert first.status == 201, first
+    snapshot = AiJobSnapshot.get(AiJobSnapshot.job_id == first.json['jobId'])
+    assert snapshot.content['input']['output']['n'] == number
+    assert type(snapshot.content['input']['output']['n']) is type(number)
+    replay = api.a.post(JOBS, body)  # the fingerprint hashed the same value
+    assert replay.status == 200 and replay.json['jobId'] == first.json['jobId']
+
+
+@pytest.mark.parametrize('sign', ['', '-'])
+def test_an_integer_past_the_digit_limit_is_400_naming_it(api, sign):
+    raw = CREATE_RAW % ('"input": {"a": %s%s}' % (sign, '9' * (json_body.MAX_INTEGER_DIGITS + 1)))
+    response = api.a.post(JOBS, body=raw.encode(), content_type=JSON_TYPE)
+    assert response.status == 400 and response.error_code == 'INVALID_JSON', response
+    assert '1000 digits' in response.json['error']['message']
+    assert counts() == (0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    'raw,says',
+    [
+        (CREATE_RAW % '"input": {}, "input": {"a": 1}', 'same key twice'),
+        (CREATE_RAW % '"input": {"a": 1, "a": 1}', 'same key twice'),
+        ('\ufeff' + CREATE_RAW % '"input": {}', 'byte order mark'),
+        (CREATE_RAW % '"input": {}' + ' {}', 'not valid JSON'),
+    ],
+)
+def test_duplicate_keys_a_bom_and_trailing_text_are_400(api, raw, says):
+    response = api.a.post(JOBS, body=raw.encode('utf-8'), content_type=JSON_TYPE)
+    assert response.status == 400 and response.error_code == 'INVALID_JSON', response
+    assert says in response.json['error']['message']
+    assert counts() == (0, 0, 0)
+
+
+def test_the_same_number_rules_hold_for_webhook_and_credential_bodies(keyed_api):
+    for path in ('/api/ai/webhooks', '/api/ai/credentials'):
+        for raw in (b'{"url": 1e400}', b'{"apiKey": "sk-x", "provider": -1e400}'):
+            response = keyed_api.a.post(path, body=raw, content_type=JSON_TYPE)
+            assert response.status == 400 and response.error_code == 'INVALID_JSON', response
+
+
+@pytest.mark.parametrize(
+    'digits,valid',
+    [('9' * 5000, False), ('1' + '0' * 20, False), ('0' * 5000 + '5', True)],
+    ids=['5000 nines', '1e20', 'leading zeros'],
+)
+def test_a_query_number_of_any_length_is_a_clean_answer(api, digits, valid):
+    """Thousands of digits are judged by their length, never converted (past Python's limit
+    int() raises); leading zeros do not change the number."""
+    job_id = api.create()
+    for client, path, name in (
+        (api.admin, ADMIN_JOBS, 'limit'),
+        (api.a, JOBS, 'limit'),
+        (api.a, JOBS + '/' + job_id + '/events', 'after'),
+        (api.admin, '/admin-api/ai/webhook-deliveries', 'limit'),
+        (api.a, JOBS + '/' + job_id, 'waitMs'),
+    ):
+        response = client.get(path, query=[(name, digits)])
+        if valid:
+            assert response.status == 200, (path, response)
+        else:
+            assert response.status == 400 and response.json['error']['field'] == name, response
+
+
+@pytest.mark.parametrize('fill', ['k', '\U0001f600', '\x00'])
+def test_an_idempotency_key_at_its_limit_is_stored_and_replayed(api, fill):
+    """255 characters (4-byte ones, NUL): the job keeps the key as sent, the same request again
+    is the same job; the outbox's dedupe key (job type, user and key) stays within its column."""
+    key = fill * 255
+    first = api.a.post(JOBS, job_body(key=key))
+    assert first.status == 201, first
+    assert AiJob.get_by_id(first.json['jobId']).idempotency_key == key
+    replay = api.a.post(JOBS, job_body(key=key))
+    assert replay.status == 200 and replay.json['jobId'] == first.json['jobId']
+    assert counts() == (1, 1, 1)
 
 
 def test_header_bytes_that_are_not_utf8_are_no_token_or_a_400(api):
@@ -585,7 +699,21 @@ def test_openapi_documents_every_route_of_the_app(api):
         return re.sub(r'<(\w+)(?::[^>]*)?>', camel, rule)
 
     routes = {(route.method, openapi_path(route.rule)) for route in api.app.routes}
+    # bottle answers HEAD through the GET route (without the body), as the document says.
+    routes |= {('HEAD', path) for method, path in routes if method == 'GET'}
     assert routes == documented
+
+
+def test_options_lists_the_methods_and_head_answers_as_get_without_a_body(api):
+    job_id = api.create()
+    options = api.anon.request('OPTIONS', JOBS + '/' + job_id)
+    assert options.status == 204 and options.headers['allow'] == 'GET, HEAD, OPTIONS'
+    assert api.anon.request('OPTIONS', JOBS).headers['allow'] == 'GET, POST, HEAD, OPTIONS'
+    head = api.a.request('HEAD', JOBS + '/' + job_id)
+    get = api.a.get(JOBS + '/' + job_id)
+    assert (head.status, head.body, head.headers['etag']) == (200, b'', get.headers['etag'])
+    refused = api.a.request('DELETE', JOBS + '/' + job_id)
+    assert refused.status == 405 and refused.headers['allow'] == 'GET, HEAD, OPTIONS'
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,13 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.core.models import AiJob
+from engine.core.models import (
+    AiJob,
+    AiJobSnapshot,
+    UserModelCredential,
+    WebhookEndpoint,
+    canonical_json,
+)
 from tests.support.api import ADMIN_JOBS, JOBS, job_body
 from tests.support.wsgi import LEAK
 
@@ -218,6 +224,180 @@ def test_a_valid_create_still_works_after_the_fuzzing_shapes(api):
     response = api.a.post(JOBS, job_body())
     check(response)
     assert response.status == 201
+
+
+# ---------------------------------------------------------------- raw JSON text (issue 24)
+# What no JSON encoder writes, so the strategies above never send it: numbers beyond a double or
+# that round to 0, integers at and past the digit limit, duplicate keys, a BOM, trailing
+# garbage, other charsets, NUL and 4-byte characters, every field at and past its length limit.
+EXTREME_NUMBERS = st.sampled_from(
+    [
+        '1e400',
+        '-1e400',
+        '1E+400',
+        '1e-400',
+        '-0.0',
+        '0e-400',
+        '1.7976931348623157e308',
+        '-1.7976931348623159e308',
+        '5e-324',
+        '0.10000000000000000000000001',
+        '123456789012345678901234567890.5',
+    ]
+)
+# '1' + n zeros: n + 1 digits, around the limit (json_body.MAX_INTEGER_DIGITS) and past Python's.
+HUGE_INTEGERS = st.builds(
+    lambda sign, zeros: sign + '1' + '0' * zeros,
+    st.sampled_from(['', '-']),
+    st.sampled_from([18, 19, 20, 308, 400, 998, 999, 1000, 4300]),
+)
+ODD_CHARS = st.sampled_from(['\x00', '\U0001f600', '\U0001d11e', 'é', 'a', '\u2028', '"', '\\'])
+ODD_TEXT = st.text(ODD_CHARS, max_size=8)
+
+
+def json_string(text, ascii_only):
+    return json.dumps(text, ensure_ascii=ascii_only)
+
+
+RAW_STRING = st.builds(json_string, ODD_TEXT | TEXT, st.booleans())
+RAW_SCALAR = (
+    SCALARS.map(json.dumps).filter(lambda text: 'Infinity' not in text)
+    | EXTREME_NUMBERS
+    | HUGE_INTEGERS
+    | RAW_STRING
+)
+
+
+def raw_object(values, duplicate=st.booleans()):
+    """JSON object text; sometimes its first key comes again with another value."""
+
+    def text(pairs, again):
+        if again and pairs:
+            pairs = pairs + [(pairs[0][0], pairs[-1][1])]
+        return '{' + ','.join('%s:%s' % pair for pair in pairs) + '}'
+
+    return st.builds(text, st.lists(st.tuples(RAW_STRING, values), max_size=4), duplicate)
+
+
+RAW_VALUE = st.recursive(
+    RAW_SCALAR,
+    lambda inner: (
+        st.lists(inner, max_size=4).map(lambda items: '[' + ','.join(items) + ']')
+        | raw_object(inner)
+    ),
+    max_leaves=10,
+)
+# One character repeated to a length: at the limit and one past it.
+FILL = st.sampled_from(['a', '\U0001f600', '\x00', 'é', '\x00\U0001f600'])
+
+
+def at_and_past(limit):
+    return st.builds(
+        lambda fill, length: json_string((fill * length)[:length], False),
+        FILL,
+        st.sampled_from([limit, limit + 1]),
+    )
+
+
+FIELD_LIMITS = {'targetType': 64, 'targetId': 128, 'idempotencyKey': 255}
+RAW_OVERRIDES = st.builds(
+    lambda priority, version: '{"priority":%s,"promptVersion":%s}' % (priority, version),
+    st.sampled_from(['1', '50', '100.0']) | EXTREME_NUMBERS | HUGE_INTEGERS,
+    RAW_STRING | at_and_past(32),
+)
+RAW_CREATE = st.fixed_dictionaries(
+    {
+        'jobType': st.just('"synthetic"'),
+        'targetType': st.just('"note"') | at_and_past(64) | RAW_STRING,
+        'targetId': st.just('"n1"') | at_and_past(128) | RAW_STRING,
+        'input': st.just('{}') | raw_object(RAW_VALUE).map(lambda obj: '{"output":%s}' % obj),
+    },
+    optional={
+        'idempotencyKey': at_and_past(255) | RAW_STRING,
+        'overrides': RAW_OVERRIDES,
+    },
+)
+CHARSETS = st.sampled_from(
+    [None, 'utf-8', 'utf-16', 'utf-16-le', 'utf-32', 'latin-1', 'cp1252', 'shift_jis']
+)
+TRAILING = st.sampled_from(['', '', '', ' ', '\n', 'x', ' {}', ',', ']', '\x00', '//'])
+
+
+def raw_create_text(fields, duplicate_field):
+    pairs = [('"%s"' % name, value) for name, value in fields.items()]
+    if duplicate_field and pairs:
+        pairs.append(pairs[-1])
+    return '{' + ','.join('%s:%s' % pair for pair in pairs) + '}'
+
+
+def encode_as(text, charset):
+    if charset in (None, 'utf-8'):
+        return text.encode('utf-8', 'surrogatepass')
+    return text.encode(charset, 'replace')
+
+
+@FUZZ
+@given(
+    fields=RAW_CREATE,
+    duplicate_field=st.booleans(),
+    bom=st.booleans(),
+    trailing=TRAILING,
+    charset=CHARSETS,
+)
+def test_raw_json_text_of_any_shape_is_refused_cleanly_or_stored_exactly(
+    api, fields, duplicate_field, bom, trailing, charset
+):
+    text = ('\ufeff' if bom else '') + raw_create_text(fields, duplicate_field) + trailing
+    content_type = 'application/json' + ('; charset=%s' % charset if charset else '')
+    raw = encode_as(text, charset)
+    before = job_count()
+    response = api.a.post(JOBS, body=raw, content_type=content_type)
+    check(response)
+    assert response.status in (200, 201, 400, 422), response  # 200: a key sent again
+    if response.status != 201:
+        assert job_count() == before, response
+        return
+    assert job_count() == before + 1, response
+    # Accepted: every value is stored as sent (JSON is UTF-8, whatever the charset says), as
+    # the standard parser reads the text.
+    sent = json.loads(raw.decode('utf-8'))
+    job = AiJob.get_by_id(response.json['jobId'])
+    assert (job.target_type, job.target_id) == (sent['targetType'], sent['targetId'])
+    assert job.idempotency_key == sent.get('idempotencyKey')
+    snapshot = AiJobSnapshot.get(AiJobSnapshot.job_id == job.id)
+    assert snapshot.content['input'] == sent['input']
+    assert canonical_json(snapshot.content['input']) == canonical_json(sent['input'])
+
+
+@FUZZ
+@given(
+    body=raw_object(RAW_VALUE, duplicate=st.booleans()),
+    endpoint=st.sampled_from(['/api/ai/webhooks', '/api/ai/credentials']),
+    field=st.sampled_from(['url', 'events', 'jobTypes', 'provider', 'apiKey']),
+    value=RAW_VALUE | at_and_past(512) | at_and_past(2048) | at_and_past(64),
+)
+def test_raw_json_in_webhook_and_credential_bodies_is_refused_cleanly(
+    keyed_api, body, endpoint, field, value
+):
+    """The other JSON bodies read through the same parser: no 5xx, the JSON error shape, and
+    a refusal stores nothing (a 201 is possible: a plain string may be a valid apiKey)."""
+    text = body[:-1] + (',' if body != '{}' else '') + '"%s":%s}' % (field, value)
+    before = WebhookEndpoint.select().count(), UserModelCredential.select().count()
+    raw = text.encode('utf-8', 'surrogatepass')
+    response = keyed_api.a.post(endpoint, body=raw, content_type='application/json')
+    check(response)
+    after = WebhookEndpoint.select().count(), UserModelCredential.select().count()
+    assert after == before or response.status == 201, response
+
+
+def test_the_raw_strategies_reach_both_answers(api):
+    """An extreme number is refused, and a raw body at every field's limit is stored."""
+    limits = {name: json_string('\U0001f600' * n, False) for name, n in FIELD_LIMITS.items()}
+    ok = raw_create_text(dict(limits, jobType='"synthetic"', input='{}'), False)
+    assert api.a.post(JOBS, body=ok.encode(), content_type='application/json').status == 201
+    bad = raw_create_text({'jobType': '"synthetic"', 'input': '{"a":-1e400}'}, False)
+    refused = api.a.post(JOBS, body=bad.encode(), content_type='application/json')
+    assert refused.error_code == 'INVALID_JSON'
 
 
 # ---------------------------------------------------------------- query parameters

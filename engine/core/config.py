@@ -121,6 +121,12 @@ def secret_or_empty(value):
     return value or None
 
 
+# The one command the docs and the start-up refusals give for making a master key.
+GENERATE_MASTER_KEY = (
+    'python -c "import os, base64; print(base64.b64encode(os.urandom(32)).decode())"'
+)
+
+
 def master_key_or_empty(value):
     """The 32-byte AES-256 key from its base64 text (None when unset)."""
     if value == '':
@@ -512,9 +518,10 @@ SETTINGS = (
         'AIJOB_CREDENTIAL_MASTER_KEY',
         '',
         master_key_or_empty,
-        'Base64 of 32 random bytes: the AES-256-GCM key of stored user API keys. Unset: '
-        'users cannot register keys. Generate one with: python -c "import os, base64; '
-        'print(base64.b64encode(os.urandom(32)).decode())"',
+        'Base64 of 32 random bytes: the AES-256-GCM key of stored user API keys and the root '
+        'of webhook signing secrets. Unset: serve on SQLite keeps a development key in a file '
+        'beside the database; web and worker run without webhooks and user keys, and refuse to '
+        'start if the store already holds some. Generate one with: ' + GENERATE_MASTER_KEY,
         secret=True,
     ),
     Setting(

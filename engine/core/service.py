@@ -3,6 +3,7 @@
 return the first job instead of creating another."""
 
 import datetime
+import hashlib
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
@@ -40,6 +41,9 @@ INSERT_SNAPSHOT = (
     'VALUES '
 )
 SNAPSHOT_ROW = '(%s, %s, 1, {now_plus}, {now})'
+
+# outbox_event.dedupe_key is VARCHAR(255) (schema.sql).
+MAX_DEDUPE_KEY_CHARS = 255
 
 
 # Groups of creates committing at once. The database shares one log flush among concurrent
@@ -374,8 +378,13 @@ def enqueue_payload(job):
 
 def enqueue_dedupe_key(request, job_id):
     """contracts §4.1: ``{jobType}:{userId}:{idempotencyKey}``, the job id standing in for the
-    key."""
-    return '%s:%s:%s' % (request.job_type, request.user_id, request.idempotency_key or job_id)
+    key. Longer than the column (a key near its 255 characters with a long job type and user):
+    ``sha256:`` and the hex digest of that text instead, which has one colon where the plain
+    form has at least two, so the two forms never meet."""
+    key = '%s:%s:%s' % (request.job_type, request.user_id, request.idempotency_key or job_id)
+    if len(key) <= MAX_DEDUPE_KEY_CHARS:
+        return key
+    return 'sha256:' + hashlib.sha256(key.encode('utf-8')).hexdigest()
 
 
 def request_fingerprint(request, overrides):

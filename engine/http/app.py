@@ -46,21 +46,18 @@ from ..core.models import AiJob
 from ..core.service import CreateJobInput
 from ..core.store import OperationalError, PoolExhausted
 from ..execution.usage import usage_totals
-from . import history_view, stream, views
+from . import history_view, json_body, stream, views
 from . import params as admin_jobs
 from .auth import TokenStore, bearer_token
 from .dashboard import Dashboard
 from .metrics_view import CONTENT_TYPE as METRICS_TYPE
 from .metrics_view import MetricsAccess, scrape
-from .openapi import build_openapi
+from .openapi import allowed_methods, build_openapi
 from .openapi_dashboard import dashboard_paths
 from .openapi_push import push_paths, push_schemas
 from .webhook_views import WebhookEndpoints
 
 JSON_TYPE = 'application/json'
-MAX_JSON_DEPTH = 64
-TOO_DEEP = 'The request body is nested deeper than %d levels.' % MAX_JSON_DEPTH
-_SURROGATE = re.compile('[\ud800-\udfff]')
 MAX_WAIT_MS = 30_000
 USAGE_GROUPS = {'user': 'user', 'jobType': 'job_type'}
 CREATE_FIELDS = (
@@ -185,6 +182,9 @@ def _bottle_error(error):
     """bottle's own errors (no route, wrong method) as JSON errors."""
     status = error.status_code
     bottle.response.content_type = JSON_TYPE
+    allow = bottle.response.headers.get('Allow')
+    if status == 405 and allow:
+        bottle.response.set_header('Allow', _with_head(allow))
     if status in BOTTLE_ERRORS:
         known = BOTTLE_ERRORS[status]()
         return json.dumps(error_body(known.code, known.public_message))
@@ -219,14 +219,12 @@ def _json_body(max_bytes):
     if len(raw) > max_bytes:
         raise PayloadTooLargeError('The request body is larger than %d bytes.' % max_bytes)
     try:
-        body = json.loads(raw.decode('utf-8'), parse_constant=_reject_constant)
-    except RecursionError:
-        raise InvalidRequestError(TOO_DEEP) from None
-    except ValueError:
-        raise InvalidJsonError() from None
+        text = raw.decode('utf-8')
+    except UnicodeError:
+        raise InvalidJsonError('The request body is not UTF-8 text.') from None
+    body = json_body.loads(text)
     if not isinstance(body, dict):
         raise InvalidJsonError('The request body must be a JSON object.')
-    _check_json_values(body)
     return body
 
 
@@ -290,37 +288,16 @@ def _original_poll():
     return monkey.get_original('select', 'poll')()
 
 
-def _check_json_values(body):
-    """What json.loads lets through and nothing after it can store or hash: a lone surrogate
-    escape (``"\\ud800"`` is valid JSON, but no UTF-8 text); and nesting deeper than MAX_JSON_DEPTH
-    (the schema validator and the hash recurse)."""
-    pending = [(body, 1)]
-    while pending:
-        value, depth = pending.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise InvalidRequestError(TOO_DEEP)
-        if isinstance(value, dict):
-            pending.extend((item, depth + 1) for item in value.values())
-            pending.extend((key, depth) for key in value)
-        elif isinstance(value, list):
-            pending.extend((item, depth + 1) for item in value)
-        elif isinstance(value, str) and _SURROGATE.search(value):
-            raise InvalidJsonError('The request body holds a lone surrogate escape (\\ud800).')
-
-
-def _reject_constant(name):
-    raise ValueError('%s is not JSON' % name)
-
-
 def _wait_ms():
     raw = bottle.request.query.get('waitMs')
     if raw is None:
         return 0
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_WAIT_MS:  # not '', '²' or '①'
+    wait_ms = admin_jobs.whole_number(raw, 0, MAX_WAIT_MS)
+    if wait_ms is None:
         raise InvalidRequestError(
             'waitMs must be a whole number 0..%d' % MAX_WAIT_MS, field='waitMs'
         )
-    return int(raw)
+    return wait_ms
 
 
 def _header(name):
@@ -908,4 +885,38 @@ def create_app(runtime):
     routes += Dashboard(runtime).routes()
     for method, path, callback, uses_db in routes:
         app.route(path, method, callback, db=uses_db)
+    for path, allow in _allow_headers(api.openapi, routes).items():
+        app.route(path, 'OPTIONS', _options(allow), db=False)
     return app
+
+
+def _allow_headers(document, routes):
+    """{bottle route path: its Allow header}, from the document, whose paths these are."""
+    allow = {}
+    for _, path, _, _ in routes:
+        template = re.sub(r'<(\w+)(:[^>]*)?>', lambda m: '{%s}' % _camel(m.group(1)), path)
+        operations = document['paths'].get(template)
+        if operations is not None:
+            allow[path] = allowed_methods(operations)
+    return allow
+
+
+def _with_head(allow):
+    """bottle's Allow of a 405 names the routes' methods; HEAD goes with GET, as the document
+    and OPTIONS say."""
+    methods = [method.strip() for method in allow.split(',')]
+    if 'GET' in methods and 'HEAD' not in methods:
+        methods.insert(methods.index('GET') + 1, 'HEAD')
+    return ', '.join(methods)
+
+
+def _camel(name):
+    head, *rest = name.split('_')
+    return head + ''.join(part.title() for part in rest)
+
+
+def _options(allow):
+    def options(**path_parameters):
+        return bottle.HTTPResponse(status=204, headers={'Allow': allow})
+
+    return options

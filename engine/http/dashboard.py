@@ -359,8 +359,7 @@ def _known_job(job_id):
 
 def _bulk_notice(query):
     def number(name):
-        raw = query.get(name) or '0'
-        return int(raw) if raw.isascii() and raw.isdigit() else 0
+        return pages.admin_jobs.whole_number(query.get(name) or '0', 0, 10**9) or 0
 
     text = 'Retried %d failed jobs' % number('n')
     if number('skipped'):

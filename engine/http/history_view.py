@@ -4,6 +4,7 @@ dispatcher ids, no internal messages), SUPER_ADMIN everything."""
 
 from ..core.errors import InvalidRequestError
 from ..core.history import JobHistory
+from .params import whole_number
 
 DEFAULT_LIMIT = 200
 MAX_LIMIT = 1000
@@ -23,11 +24,12 @@ def parse_query(params):
 def _whole(raw, name, low, high):
     if raw is None or raw == '':
         return None
-    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+    value = whole_number(raw, low, high)
+    if value is None:
         raise InvalidRequestError(
             '%s must be a whole number %d..%d' % (name, low, high), field=name
         )
-    return int(raw)
+    return value
 
 
 def job_events(store, job, after, limit, full):

@@ -697,6 +697,61 @@ def _operations_paths():
     }
 
 
+HTTP_METHODS = ('get', 'put', 'post', 'delete', 'patch')
+
+
+def allowed_methods(operations):
+    """The Allow header of a path with these operations: its methods, HEAD with GET, OPTIONS."""
+    methods = [m.upper() for m in HTTP_METHODS if m in operations]
+    if 'GET' in methods:
+        methods.append('HEAD')
+    return ', '.join(methods + ['OPTIONS'])
+
+
+def with_head_and_options(operations):
+    """Every path also answers HEAD (where it answers GET: the GET's statuses and headers, no
+    body) and OPTIONS (204 with Allow, for anyone: it reveals nothing the document does not)."""
+    operations = dict(operations)
+    if 'get' in operations:
+        operations['head'] = _head_of(operations['get'])
+    operations['options'] = {
+        'summary': 'The methods this path answers.',
+        'parameters': _path_parameters(operations),
+        'security': [],
+        'responses': {
+            '204': {
+                'description': 'No content; Allow lists the methods.',
+                'headers': {
+                    'Allow': {
+                        'schema': {'type': 'string', 'const': allowed_methods(operations)},
+                    }
+                },
+            }
+        },
+    }
+    return operations
+
+
+def _path_parameters(operations):
+    """The path's own parameters ({jobId}, ...), as its operations declare them."""
+    found = {}
+    for method in HTTP_METHODS:
+        for parameter in operations.get(method, {}).get('parameters', ()):
+            if parameter.get('in') == 'path':
+                found.setdefault(parameter['name'], parameter)
+    return list(found.values())
+
+
+def _head_of(get):
+    head = {key: value for key, value in get.items() if key != 'responses'}
+    head['summary'] = 'As GET, headers only.'
+    head['responses'] = {
+        status: {key: value for key, value in response.items() if key != 'content'}
+        for status, response in get['responses'].items()
+    }
+    return head
+
+
 def build_openapi(registry, extra_paths=None, extra_schemas=None, prompt_versions=None):
     """The document for ``registry``'s API-creatable job types; ``prompt_versions(definition)``
     (None: any) lists the promptVersion values each may name on this server."""
@@ -712,6 +767,7 @@ def build_openapi(registry, extra_paths=None, extra_schemas=None, prompt_version
         extra_paths or {},
     ):
         paths.update(part)
+    paths = {path: with_head_and_options(operations) for path, operations in paths.items()}
     schemas = _schemas(definitions, prompt_versions or (lambda definition: None))
     schemas.update(extra_schemas or {})
     return {

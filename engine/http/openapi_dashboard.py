@@ -5,6 +5,8 @@ text/html, which gets the same code and status as a page."""
 from .openapi import _errors, _json, _ref
 
 _HTML = {'text/html': {'schema': {'type': 'string'}}}
+# An error: a page for a browser, the usual JSON error for any other client.
+_ERROR_PAGE = dict(_HTML, **{'application/json': {'schema': _ref('Error')}})
 _SESSION = [{'dashboardSession': []}]
 _FORM = 'application/x-www-form-urlencoded'
 
@@ -67,10 +69,13 @@ def dashboard_paths():
                 'responses': dict(
                     {
                         '303': {'description': 'Signed in: to the overview.'},
-                        '401': {'description': 'Unknown or revoked token.', 'content': _HTML},
+                        '401': {
+                            'description': 'Unknown or revoked token.',
+                            'content': _ERROR_PAGE,
+                        },
                         '403': {
                             'description': 'A user token (or CSRF_TOKEN_INVALID).',
-                            'content': _HTML,
+                            'content': _ERROR_PAGE,
                         },
                     },
                     **_errors(),

@@ -232,11 +232,25 @@ def parse_rfc3339(raw, name):
 def _limit(raw):
     if raw is None:
         return DEFAULT_PAGE_SIZE
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE_SIZE:
+    limit = whole_number(raw, 1, MAX_PAGE_SIZE)
+    if limit is None:
         raise InvalidRequestError(
             'limit must be a whole number 1..%d' % MAX_PAGE_SIZE, field='limit'
         )
-    return int(raw)
+    return limit
+
+
+def whole_number(raw, low, high):
+    """``raw`` (query or form text) as an int when it is ASCII digits within ``low..high``, else
+    None: not '', '-1', '²' or '①'. A long run of digits is judged by its length and never
+    converted: int() of thousands of digits is slow, and past Python's own limit an error."""
+    if not (raw.isascii() and raw.isdigit()):
+        return None
+    digits = raw.lstrip('0') or '0'
+    if len(digits) > len(str(high)):
+        return None
+    value = int(digits)
+    return value if low <= value <= high else None
 
 
 def cursor_for(job):

@@ -5,16 +5,17 @@ Each gunicorn worker builds its own Runtime after the fork, so no database conne
 socket is shared across processes. ``serve`` keeps a single process because its in-memory queue
 lives in that process.
 
-Both run gunicorn's ``gevent`` worker class (architecture decision 11): the worker monkey-patches
-the standard library when it starts, so every connection is a greenlet and pymysql, redis-py,
-``time.sleep`` and the threading primitives cooperate. A long poll, a slow body or an idle
+Both run gunicorn's ``gevent`` worker class (architecture decision 11). The entry point
+(aijob.py) patches the standard library before anything is imported, so the master and every
+worker it forks are cooperative from the start: every connection is a greenlet and pymysql,
+redis-py, ``time.sleep`` and the threading primitives (bottle's request state and peewee's
+connection state among them) cooperate. A long poll, a slow body or an idle
 keep-alive connection then costs a greenlet, not a thread, and never stops ``/healthz``. In
 ``serve`` the engine's threads (dispatcher, worker pools, housekeeping) are greenlets of the same
 hub: everything they wait on (the store, Redis, the provider's HTTP, sleeps, locks) is patched.
 The ``worker`` process is not gunicorn and keeps real threads.
 """
 
-import gc
 import json
 import math
 import os
@@ -23,9 +24,13 @@ import socket
 import time
 
 import gunicorn.util
+from gevent import monkey
+from gevent import socket as gevent_socket
 from gunicorn.app.base import BaseApplication
+from gunicorn.workers import ggevent
 
-from ..core import metrics
+from ..core import master_key, metrics
+from ..core.config import Config
 from ..core.errors import (
     ExpectationFailedError,
     ForbiddenError,
@@ -36,7 +41,6 @@ from ..core.errors import (
 )
 from ..core.logs import configure as configure_logging
 from ..core.logs import gunicorn_logconfig, log_event
-from ..core.models import database
 from ..core.redis_url import parse_redis_url
 from ..runtime import Runtime
 from .app import create_app
@@ -100,52 +104,25 @@ def _drain_before_close(sock, limit_s=1.0, limit_bytes=1 << 20):
         pass
 
 
-def greenlet_locals():
-    """Make the request state of bottle and the connection state of peewee local to a greenlet.
+class GeventWorker(ggevent.GeventWorker):
+    """gunicorn's gevent worker for a process that aijob.py patched before any import: gunicorn's
+    own ``patch_all()``, with other settings than ours, would warn and remove ``select.epoll``.
+    Only the listening sockets still need gevent's wrapping. A process nobody patched (gunicorn
+    started some other way) is patched here, as gunicorn would."""
 
-    gunicorn's gevent worker patches the standard library when the worker starts, but bottle and
-    peewee were imported earlier (in the master) and made their ``threading.local`` state then,
-    from the real ``threading.local``: every greenlet of the worker would share one bottle
-    request and one database connection. Remade now, after the patch, each greenlet has its own
-    (and each real thread still its own). Both versions are pinned in requirements.txt; this
-    fails loudly if their names ever change."""
-    from gevent import monkey
-
-    if not monkey.is_module_patched('threading'):
-        return
-    import threading
-
-    import bottle
-    import peewee
-
-    bottle.LocalRequest.environ = bottle._local_property()
-    for name in ('_status_line', '_status_code', '_cookies', '_headers', 'body'):
-        if not isinstance(getattr(bottle.LocalResponse, name), property):
-            raise RuntimeError('bottle.LocalResponse.%s is not a local property' % name)
-        setattr(bottle.LocalResponse, name, bottle._local_property())
-    # Databases made from now on (the worker's own, below) take this state class.
-    peewee._ConnectionLocal = type(
-        '_ConnectionLocal', (peewee._ConnectionState, threading.local), {}
-    )
-
-
-def resolve_lazy_objects():
-    """In the master, before the fork: gevent's patch in each worker checks every live object
-    for locks (``isinstance``), which makes lazy proxies (openai's module clients) import what
-    they stand for: 2 s per worker, during which a worker would miss a SIGTERM (it still has the
-    master's handlers). Done once here, each worker's patch takes a fraction of a second."""
-
-    class _Nothing:
-        pass
-
-    for obj in gc.get_objects():
-        isinstance(obj, _Nothing)
+    def patch(self):
+        if not monkey.is_module_patched('socket'):
+            monkey.patch_all(aggressive=False)
+        self.sockets = [
+            gevent_socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach())
+            for s in self.sockets
+        ]
 
 
 def _early_signals(server, worker):
-    """Right after the fork: a worker has the master's signal handlers until it installs its
-    own, after gevent's patch; a SIGTERM in between would be lost and the worker would serve on
-    until the master kills it. Caught here, it stops the worker as soon as it runs."""
+    """Right after the fork: a worker has the master's signal handlers until gunicorn installs
+    its own; a SIGTERM in between would be lost and the worker would serve on until the master
+    kills it. Caught here, it stops the worker as soon as it runs."""
 
     def stop(signum, frame):
         worker.alive = False
@@ -173,13 +150,8 @@ class AijobGunicorn(BaseApplication):
         self.cfg.set('child_exit', _child_exit)
 
     def load(self):
-        """Runs in each worker process, after the fork (and after gevent patched it)."""
+        """Runs in each worker process, after the fork."""
         configure_logging()
-        greenlet_locals()
-        # serve's setup in the master made the database object (and its pool's locks) before
-        # gevent patched threading: a greenlet blocked on one of those real locks would stop the
-        # whole hub. The worker makes its own.
-        database.initialize(None)
         self.runtime = Runtime(self.config, role='serve' if self.with_background else 'web')
         if self.with_background:
             self.runtime.start_background()
@@ -210,7 +182,6 @@ def run_gunicorn(config, options, with_background=False):
     sums at a scrape (README "Metrics"); a directory made here is removed at the end."""
     directory, made_here = metrics.use_multiprocess_dir()
     master = os.getpid()
-    resolve_lazy_objects()
     try:
         AijobGunicorn(config, options, with_background=with_background).run()
     finally:
@@ -225,7 +196,7 @@ def gunicorn_options(config, host, port, workers):
     return {
         'bind': '%s:%d' % (host, port),
         'workers': workers,
-        'worker_class': 'gevent',
+        'worker_class': GeventWorker,
         'worker_connections': config.max_waiters + config.max_streams + SPARE_CONNECTIONS,
         'timeout': WORKER_TIMEOUT_S,
         'graceful_timeout': config.shutdown_grace_ms // 1000 + 5,
@@ -239,18 +210,38 @@ def gunicorn_options(config, host, port, workers):
 
 
 def run_web(config, host, port, workers):
-    """``python aijob.py web``: the API only; workers run nothing in the background."""
+    """``python aijob.py web``: the API only; workers run nothing in the background. Refuses
+    to start without a master key the store's webhooks or users' keys need."""
     configure_logging()
+    runtime = Runtime(config, role='web-setup')
+    try:
+        master_key.require(config, runtime.store)
+    finally:
+        runtime.close()  # nothing opened here may be inherited by the forked workers
     run_gunicorn(config, gunicorn_options(config, host, port, workers))
+
+
+def with_dev_master_key(config):
+    """(config, path of the development key file or None): ``serve`` with no
+    AIJOB_CREDENTIAL_MASTER_KEY on SQLite uses a key of its own, kept beside the database
+    (engine/core/master_key.py), so webhooks and users' keys work with no configuration."""
+    path = None if config.credential_master_key else master_key.dev_key_path(config.database_url)
+    if path is None:
+        return config, None
+    key, _ = master_key.load_or_create(path)
+    return Config(dict(vars(config), credential_master_key=key)), path
 
 
 def run_serve(config, host, port):
     """``python aijob.py serve``: everything in one process, for local development. Creates the
-    schema, prints the URL and a fresh development admin token, then serves."""
+    schema, prints the URL, a fresh development admin token and where the development master
+    key is kept (never the key), then serves."""
     configure_logging()
+    config, key_path = with_dev_master_key(config)
     runtime = Runtime(config, role='serve-setup')
     try:
         runtime.create_schema()
+        master_key.require(config, runtime.store)  # a server database: the key is the operator's
         with runtime.store.connection():
             token = TokenStore(runtime.store).create('dev-admin', admin=True)
     finally:
@@ -267,5 +258,7 @@ def run_serve(config, host, port):
     )
     print('development admin token (user dev-admin, SUPER_ADMIN):', flush=True)
     print(token, flush=True)
-    log_event('serve.starting', url=url)
+    if key_path is not None:
+        print("development master key (webhook secrets, users' keys): %s" % key_path, flush=True)
+    log_event('serve.starting', url=url, master_key_file=key_path)
     run_gunicorn(config, gunicorn_options(config, host, port, 1), with_background=True)

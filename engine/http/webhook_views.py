@@ -11,6 +11,7 @@ from ..core.errors import (
 from ..core.outbox import TERMINAL_EVENTS
 from ..core.webhook_urls import check_url
 from ..core.webhooks import STATUSES
+from .params import whole_number
 from .views import iso
 
 EVENT_TYPES = tuple(TERMINAL_EVENTS.values())
@@ -148,8 +149,9 @@ def _name_list(value, field, allowed):
 def _limit(raw):
     if raw is None or raw == '':
         return DEFAULT_DELIVERY_PAGE
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_DELIVERY_PAGE:
+    limit = whole_number(raw, 1, MAX_DELIVERY_PAGE)
+    if limit is None:
         raise InvalidRequestError(
             'limit must be a whole number 1..%d' % MAX_DELIVERY_PAGE, field='limit'
         )
-    return int(raw)
+    return limit

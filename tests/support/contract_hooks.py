@@ -30,6 +30,11 @@ def map_path_parameters(context, path_parameters):
 
 @schemathesis.hook
 def map_query(context, query):
+    return _cap_wait(query)
+
+
+def _cap_wait(query):
+    """Again just before the call: the stateful phase builds its queries past map_query."""
     if not query or 'waitMs' not in query:
         return query
     value = query['waitMs']
@@ -56,6 +61,7 @@ def before_call(context, case, kwargs):
     """In a case meant to be valid, the idempotency key is new (a changed body under an old key
     is, rightly, IDEMPOTENCY_KEY_REUSED) and the header and the body carry the same one. Done just
     before the call: schemathesis sets a case's headers again after map_case."""
+    _cap_wait(case.query)
     if not _positive(case):
         return
     key = uuid.uuid4().hex
