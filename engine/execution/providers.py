@@ -224,6 +224,10 @@ class AiGateway:
                     % (definition.job_type, definition.route)
                 )
 
+    def cooldown_state(self):
+        """{'provider/model': seconds of cooldown left}: none without routes."""
+        return {}
+
     def next_entry(self, attempt, call, unavailable):
         """The ProviderCall that replaces ``call`` when its entry is unavailable (EntryUnavailable
         ``unavailable``), or None when the route has no other entry: here, never another."""
