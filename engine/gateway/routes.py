@@ -286,8 +286,9 @@ def _fallback_event(call, source, target, code):
 
 class FallbackGuard(CallGuard):
     """Moves a routed job's place after each call: ``after`` makes a context-length failure
-    retryable when a larger model follows in the route; ``settle``, in the transaction of the
-    call's usage row, moves the place and writes the ``fallback`` row."""
+    retryable when a larger model follows in the route, and drops the Retry-After of a failure
+    whose next call goes to another entry; ``settle``, in the transaction of the call's usage
+    row, moves the place and writes the ``fallback`` row."""
 
     name = 'fallback'
 
@@ -297,10 +298,16 @@ class FallbackGuard(CallGuard):
 
     def after(self, call, usage, failure):
         state = call.notes.get('route')
-        if state is None or getattr(failure, 'code', None) != CONTEXT_LENGTH:
+        code = getattr(failure, 'code', None)
+        if state is None or code is None:
             return
-        if state.larger_context(state.position(call), self.gateway.table.model) is not None:
-            failure.retryable = True  # another model can take it: worth a call
+        here = state.position(call)
+        if code == CONTEXT_LENGTH:
+            if state.larger_context(here, self.gateway.table.model) is not None:
+                failure.retryable = True  # another model can take it: worth a call
+        elif _moves_on(code) and state.has_next(here):
+            # The next call goes to another entry: this one's Retry-After is not its wait.
+            failure.retry_after_s = None
 
     def settle(self, call, usage, cost, error_code):
         state = call.notes.get('route')

@@ -10,8 +10,9 @@ from .routes import FallbackGuard, RoutedGateway
 def install(ai, config, store, redis):
     """Route ``ai``'s provider calls as AIJOB_PROVIDERS (or the shorthand) says and hold them
     with the guards, in the order they must run: the cache first (a hit reserves nothing),
-    then fallback and cooldowns (a cooling entry is skipped before anything is reserved for
-    it), then budgets and rate limits. ``redis`` is the runtime's Redis client, or None on the
+    then cooldowns (a cooling entry is skipped before anything is reserved for it; it hears a
+    failure's Retry-After before fallback drops it) and fallback, then budgets and rate
+    limits. ``redis`` is the runtime's Redis client, or None on the
     embedded default (state in the process). Raises ConfigError for a bad provider file."""
     table = load(config)
     if table is None:
@@ -26,5 +27,5 @@ def install(ai, config, store, redis):
     cooldowns = open_cooldowns(config, redis)
     gateway = RoutedGateway(ai.gateway, table, ai.pricing, ai.prompts, cooldowns, store)
     ai.gateway = gateway
-    ai.guards.extend([FallbackGuard(gateway, store), CooldownGuard(cooldowns)])
+    ai.guards.extend([CooldownGuard(cooldowns), FallbackGuard(gateway, store)])
     return ai
