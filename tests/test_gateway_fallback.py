@@ -25,8 +25,11 @@ from engine.gateway.cooldowns import (
     RedisCooldowns,
 )
 from engine.http import dashboard_pages
+from engine.http.app import create_app
+from engine.http.auth import TokenStore
 from engine.http.metrics_view import scrape
 from tests.support.backends import REDIS_URL, RUN_PREFIX, delete_redis_keys, require_servers
+from tests.support.dashboard import FormClient
 from tests.support.fake_openai import FakeOpenAI, Reply, error_reply, json_reply
 from tests.support.helpers import create_job, wait_until
 from tests.support.routed_jobs import routed_definition
@@ -140,6 +143,12 @@ def test_the_first_provider_down_jobs_succeed_on_the_second_and_it_is_used_again
     assert 'aijob_provider_cooldown_seconds{model="model-a",provider="a"} ' in text
     assert 'aijob_provider_cooldown_seconds{model="model-b",provider="b"} 0.0' in text
     assert [entry for entry, _ in dashboard_pages.overview(rt)['cooldowns']] == ['a/model-a']
+    operator = FormClient(create_app(rt))
+    assert operator.sign_in(TokenStore(rt.store).create('root', admin=True)).status == 303
+    assert '<code>a/model-a</code>' in operator.get('/dashboard').text
+    assert (
+        '<dd id="answered-by">b/model-b</dd>' in operator.get('/dashboard/jobs/' + jobs[4].id).text
+    )
 
     # Back after its cooldown: used again, first in its route.
     a.restart()

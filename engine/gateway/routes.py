@@ -44,7 +44,7 @@ class RouteState:
         self.index = 0
         self.strikes = 0  # malformed outputs in a row on the current entry
         self.delays = []  # seconds each skipped entry of this call is unavailable for
-        self._settled = set()  # call numbers whose outcome moved (or kept) the place
+        self._moves = {}  # call number -> the move its outcome made (None: none)
 
     def position(self, call):
         return self.entries.index(Entry(call.provider_key, call.model))
@@ -54,10 +54,13 @@ class RouteState:
 
     def move_after(self, call, error_code, models):
         """Where the call after ``call`` goes, given how ``call`` ended: (from, to) Entries
-        when the place moved, else None. Once per call (a retried write settles it again)."""
-        if call.call_no in self._settled:
-            return None
-        self._settled.add(call.call_no)
+        when the place moved, else None. Decided once per call: a write that is tried again
+        (the store was away, a group commit ran again) gets the same answer, so its row."""
+        if call.call_no not in self._moves:
+            self._moves[call.call_no] = self._move(call, error_code, models)
+        return self._moves[call.call_no]
+
+    def _move(self, call, error_code, models):
         here = self.position(call)
         if error_code is None:
             self.strikes = 0
