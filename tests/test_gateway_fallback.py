@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 import redis
@@ -24,6 +25,8 @@ from engine.gateway.cooldowns import (
     MemoryCooldowns,
     RedisCooldowns,
 )
+from engine.gateway.providers_config import Entry, ModelSpec
+from engine.gateway.routes import RouteState
 from engine.http import dashboard_pages
 from engine.http.app import create_app
 from engine.http.auth import TokenStore
@@ -266,6 +269,32 @@ def test_retries_used_up_on_the_last_entry_fail_the_job_without_another_fallback
     assert [u[:2] for u in usage(job)] == [('a', 'model-a'), ('b', 'model-b'), ('b', 'model-b')]
     assert fallbacks(job) == [('a/model-a', 'b/model-b', 'PROVIDER_UNAVAILABLE')]
     assert AiJob.get_by_id(job.id).retry_count == 2
+
+
+def test_a_move_is_decided_once_per_call_and_given_again_to_a_retried_write():
+    entries = (Entry('a', 'm1'), Entry('a', 'm2'), Entry('b', 'm3'))
+    state = RouteState(entries)
+    job = SimpleNamespace(id='j', attempt_no=1, max_retry_count=2)
+    definition = routed_definition()
+
+    def call(no, entry):
+        return SimpleNamespace(
+            call_no=no,
+            provider_key=entry.provider,
+            model=entry.model,
+            job=job,
+            definition=definition,
+        )
+
+    models = {e: ModelSpec(e.model) for e in entries}.get
+    first = call(1, entries[0])
+    moved = state.move_after(first, 'PROVIDER_TIMEOUT', models)
+    assert moved == (entries[0], entries[1]) and state.index == 1
+    # the transaction that wrote it rolled back and runs again: the same move, not a second
+    assert state.move_after(first, 'PROVIDER_TIMEOUT', models) == moved and state.index == 1
+    # the last allowed call moves nothing: no call follows it
+    assert state.move_after(call(3, entries[1]), 'PROVIDER_ERROR', models) is None
+    assert state.index == 1
 
 
 # ---------------------------------------------------------------- the cooldown rule

@@ -191,6 +191,10 @@ class AiGateway:
     def add(self, provider):
         self._providers[provider.key] = provider
 
+    def providers(self):
+        """Every provider added so far (the plugins' own among them)."""
+        return list(self._providers.values())
+
     def provider_for(self, definition):
         """The provider a definition runs on, or None when this process has none configured."""
         return self._providers.get(definition.provider or self.default_provider)

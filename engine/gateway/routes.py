@@ -120,8 +120,8 @@ class RoutedGateway(AiGateway):
     client per provider, routes of provider/model entries, the prices and limits of each."""
 
     def __init__(self, base, table, pricing, prompts, cooldowns, store):
-        super().__init__(default_provider=base.default_provider)
-        self._providers = dict(base._providers)  # the plugins' own providers (synthetic, …)
+        # The plugins' own providers (synthetic, …) stay, for the definitions that name them.
+        super().__init__(base.providers(), default_provider=base.default_provider)
         self.table = table
         self.pricing = pricing
         self.cooldowns = cooldowns
