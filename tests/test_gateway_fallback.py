@@ -307,35 +307,41 @@ class Clock:
 
 
 def check_rule(cooldowns, advance):
-    """The same rule whatever holds the state: N failures start a cooldown; while an entry is
-    suspect, calls in flight plus failures stay within N; a success forgets the failures."""
-    entry = 'p/m'
-    assert cooldowns.acquire(entry) == (True, False, 0.0)  # healthy: not even a probe
-    assert cooldowns.report(entry, FAILED, False) == 0.0
-    # suspect: two more calls may go (as probes), a third waits
-    assert cooldowns.acquire(entry)[:2] == (True, True)
-    assert cooldowns.acquire(entry)[:2] == (True, True)
-    go, probe, wait_s = cooldowns.acquire(entry)
-    assert (go, probe) == (False, False) and wait_s == 1.0
-    # a probe that made no call frees its place without counting
-    assert cooldowns.report(entry, NO_CALL, True) == 0.0
-    assert cooldowns.acquire(entry)[:2] == (True, True)
-    assert cooldowns.report(entry, FAILED, True) == 0.0  # 2 failures
-    left = cooldowns.report(entry, FAILED, True)  # 3: cooling down
+    """The same rule whatever holds the state: N failures start a cooldown; once an entry has
+    failed, its failures plus the calls in flight stay below N; a success forgets the failures;
+    a call that never reports stops counting at its deadline."""
+    entry, ttl = 'p/m', 60000
+    assert cooldowns.acquire(entry, 'c1', ttl) == (True, 0.0)  # healthy: every call goes
+    assert cooldowns.acquire(entry, 'c2', ttl) == (True, 0.0)
+    assert cooldowns.acquire(entry, 'c3', ttl) == (True, 0.0)
+    assert cooldowns.report(entry, 'c1', FAILED) == 0.0
+    # 1 failure + 2 calls in flight: a fourth call would make it 4 > 3, so it waits
+    assert cooldowns.acquire(entry, 'c4', ttl) == (False, 1.0)
+    assert cooldowns.report(entry, 'c2', NO_CALL) == 0.0  # frees its place, counts nothing
+    assert cooldowns.acquire(entry, 'c4', ttl) == (True, 0.0)
+    assert cooldowns.report(entry, 'c3', FAILED) == 0.0  # 2 failures
+    left = cooldowns.report(entry, 'c4', FAILED)  # 3: cooling down
     assert 0 < left <= 5.0
-    assert cooldowns.acquire(entry)[0] is False
+    assert cooldowns.acquire(entry, 'c5', ttl)[0] is False
     assert 0 < cooldowns.remaining([entry, 'p/other'])[entry] <= 5.0
     assert cooldowns.remaining([entry, 'p/other'])['p/other'] == 0
     advance(5.2)
-    assert cooldowns.acquire(entry) == (True, False, 0.0)
+    assert cooldowns.acquire(entry, 'c6', ttl) == (True, 0.0)
     # a success in between: the failures before it no longer count
-    cooldowns.report(entry, FAILED, False)
-    cooldowns.report(entry, FAILED, True)
-    cooldowns.report(entry, ANSWERED, False)
-    assert cooldowns.acquire(entry) == (True, False, 0.0)
-    assert cooldowns.report(entry, FAILED, False) == 0.0
+    cooldowns.report(entry, 'c6', FAILED)
+    assert cooldowns.acquire(entry, 'c7', ttl) == (True, 0.0)
+    cooldowns.report(entry, 'c7', ANSWERED)
+    assert cooldowns.acquire(entry, 'c8', 1000) == (True, 0.0)
+    assert cooldowns.acquire(entry, 'c8b', 1000) == (True, 0.0)
+    assert cooldowns.acquire(entry, 'c9', ttl) == (True, 0.0)
+    cooldowns.report(entry, 'c9', FAILED)
+    # c8 and c8b never report (their worker died): they count until their deadline only
+    assert cooldowns.acquire(entry, 'c10', ttl) == (False, 1.0)
+    advance(1.1)
+    assert cooldowns.acquire(entry, 'c10', ttl) == (True, 0.0)
     # a 429 with Retry-After cools the entry down at once, as long as it asks
-    assert cooldowns.report('p/limited', FAILED, False, retry_after_s=30) == 30.0
+    assert cooldowns.acquire('p/limited', 'r1', ttl) == (True, 0.0)
+    assert cooldowns.report('p/limited', 'r1', FAILED, retry_after_s=30) == 30.0
 
 
 def test_the_cooldown_rule_in_the_process():
@@ -357,6 +363,7 @@ def test_the_cooldown_rule_in_redis():
         assert cooldowns.key('p/m') == '%s:{gateway}:cooldown:p/m' % prefix
         check_rule(cooldowns, time.sleep)
         assert 0 < client.pttl(cooldowns.key('p/m')) <= 60000 + 5000 + 60000
+        assert 0 < client.pttl(cooldowns.flying_key('p/m')) <= 60000
     finally:
         client.close()
         delete_redis_keys(prefix)

@@ -8,17 +8,21 @@ between them, start a cooldown of AIJOB_COOLDOWN_MS; a 429 with Retry-After star
 as long as it asks. A failure is an outage's: a timeout, a refused connection, a 5xx or a 429;
 a bad request, a refused key or malformed output says nothing of the provider's health.
 
-Once an entry has failed, its calls until the next success are *probes*: at most as many may be
-in flight as failures are still allowed, so that workers calling at the same moment cannot send
-a down provider more calls than the threshold before the cooldown starts. A success ends the
-suspicion (every call goes again); a worker that dies with a probe in flight leaks it only
-until the window ends.
+Every call to an entry is counted while it is in flight (until it reports, or until its job's
+deadline passes: a worker that dies mid-call leaks nothing longer). Once an entry has failed,
+and until its next success, a call may go only while its failures plus the calls in flight
+stay below the threshold: workers calling at the same moment cannot send a down provider more
+calls than the threshold before the cooldown starts (only the calls already in flight when the
+first failure comes back, which nothing could have known about, may add to them). A success
+ends the suspicion.
 
-State lives in Redis when the runtime has it (one hash per entry, every key under the prefix's
-``{gateway}`` hash tag, each change one Lua script, timed by the Redis server's clock), else in
-the process (the embedded default)."""
+State lives in Redis when the runtime has it (per entry a hash and a sorted set of the calls in
+flight, every key under the prefix's ``{gateway}`` hash tag, each change one Lua script, timed
+by the Redis server's clock), else in the process (the embedded default)."""
 
+import itertools
 import logging
+import os
 import threading
 import time
 
@@ -27,8 +31,8 @@ from prometheus_client.core import GaugeMetricFamily
 from ..core.logs import log_event
 from ..execution.providers import CallGuard, EntryUnavailable
 
-# How long a call waits when an entry's probes are all in flight (it moves to the next entry,
-# or the job is deferred this long).
+# How long a call waits when a failed entry has as many calls in flight as failures are still
+# allowed (it moves to the next entry, or the job is deferred this long).
 PROBE_WAIT_MS = 1000
 ANSWERED, FAILED, NO_CALL = 0, 1, 2  # how a call ended, for ``report``
 # Codes that count as the provider's failure.
@@ -44,41 +48,44 @@ OUTAGE_CODES = frozenset(
 COOLDOWN_CODE = 'PROVIDER_COOLDOWN'  # the errorCode of a fallback past a cooling entry
 REDIS_ERROR_LOG_EVERY_S = 10.0
 
-# acquire: KEYS[1] the entry's hash; ARGV threshold, window_ms, probe_wait_ms.
-# Returns {1, 0} go, {2, 0} go as a probe, {0, wait_ms} skip.
+# acquire: KEYS[1] the entry's hash, KEYS[2] its calls in flight; ARGV threshold, window_ms,
+# probe_wait_ms, the call's id, its deadline in ms from now. Returns {1, 0} go (the call is
+# counted in flight), {0, wait_ms} skip.
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local h = redis.call('HMGET', KEYS[1], 'until', 'fails', 'since', 'probes')
+local h = redis.call('HMGET', KEYS[1], 'until', 'fails', 'since')
 local untl = tonumber(h[1]) or 0
 if untl > now then return {0, untl - now} end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local fails = tonumber(h[2]) or 0
-if fails == 0 then return {1, 0} end
-if now - (tonumber(h[3]) or 0) >= tonumber(ARGV[2]) then
-  redis.call('HDEL', KEYS[1], 'fails', 'since', 'probes')
-  return {1, 0}
+if fails > 0 and now - (tonumber(h[3]) or 0) >= tonumber(ARGV[2]) then
+  redis.call('HDEL', KEYS[1], 'fails', 'since')
+  fails = 0
 end
-if fails + (tonumber(h[4]) or 0) >= tonumber(ARGV[1]) then return {0, tonumber(ARGV[3])} end
-redis.call('HINCRBY', KEYS[1], 'probes', 1)
-return {2, 0}
+if fails > 0 and fails + redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[1]) then
+  return {0, tonumber(ARGV[3])}
+end
+local ttl = tonumber(ARGV[5])
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[4])
+if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+return {1, 0}
 """
 
-# report: KEYS[1] the entry's hash; ARGV outcome (0 answered, 1 failed, 2 none: no call was
-# made), probe (0/1), retry_after_ms (0: none), threshold, window_ms, cooldown_ms. Returns the
-# cooldown left in ms (0: none).
+# report: KEYS[1] the entry's hash, KEYS[2] its calls in flight; ARGV outcome (0 answered,
+# 1 failed, 2 none: no call was made), the call's id, retry_after_ms (0: none), threshold,
+# window_ms, cooldown_ms. Returns the cooldown left in ms (0: none).
 _REPORT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local h = redis.call('HMGET', KEYS[1], 'until', 'fails', 'since', 'probes')
-local untl = tonumber(h[1]) or 0
-if ARGV[2] == '1' and (tonumber(h[4]) or 0) > 0 then
-  redis.call('HINCRBY', KEYS[1], 'probes', -1)
-end
+redis.call('ZREM', KEYS[2], ARGV[2])
 if ARGV[1] == '2' then return 0 end
 if ARGV[1] == '0' then
-  redis.call('HDEL', KEYS[1], 'fails', 'since', 'probes')
+  redis.call('HDEL', KEYS[1], 'fails', 'since')
   return 0
 end
+local h = redis.call('HMGET', KEYS[1], 'until', 'fails', 'since')
+local untl = tonumber(h[1]) or 0
 if untl > now then return untl - now end
 local cooldown = 0
 local retry_after = tonumber(ARGV[3])
@@ -93,7 +100,7 @@ if fails >= tonumber(ARGV[4]) then cooldown = tonumber(ARGV[6]) end
 if retry_after > cooldown then cooldown = retry_after end
 if cooldown > 0 then
   redis.call('HSET', KEYS[1], 'until', now + cooldown)
-  redis.call('HDEL', KEYS[1], 'fails', 'since', 'probes')
+  redis.call('HDEL', KEYS[1], 'fails', 'since')
 else
   redis.call('HSET', KEYS[1], 'fails', fails)
 end
@@ -131,40 +138,41 @@ class MemoryCooldowns:
     def __init__(self, policy, clock=time.monotonic):
         self.policy = policy
         self._clock = clock
-        self._state = {}  # entry -> {'until', 'fails', 'since', 'probes'} in ms
+        self._state = {}  # entry -> {'until', 'fails', 'since'} in ms
+        self._flying = {}  # entry -> {call id: its deadline in ms}
         self._lock = threading.Lock()
 
     def _now(self):
         return int(self._clock() * 1000)
 
-    def acquire(self, entry):
-        """(go, probe, wait_s): may a call go to ``entry`` now, does it go as a probe, and how
-        long a skipped call should wait."""
+    def acquire(self, entry, call_id, ttl_ms):
+        """(go, wait_s): may call ``call_id`` go to ``entry`` now (then it counts in flight
+        for at most ``ttl_ms``), and how long a skipped call should wait."""
         with self._lock:
             now, state = self._now(), self._state.setdefault(entry, {})
             if state.get('until', 0) > now:
-                return False, False, (state['until'] - now) / 1000.0
-            if not state.get('fails'):
-                return True, False, 0.0
-            if now - state['since'] >= self.policy.window_ms:
-                state.update(fails=0, probes=0)
-                return True, False, 0.0
-            if state['fails'] + state.get('probes', 0) >= self.policy.failures:
-                return False, False, PROBE_WAIT_MS / 1000.0
-            state['probes'] = state.get('probes', 0) + 1
-            return True, True, 0.0
+                return False, (state['until'] - now) / 1000.0
+            flying = self._flying.setdefault(entry, {})
+            for stale in [c for c, deadline in flying.items() if deadline <= now]:
+                del flying[stale]
+            fails = state.get('fails', 0)
+            if fails and now - state['since'] >= self.policy.window_ms:
+                state['fails'] = fails = 0
+            if fails and fails + len(flying) >= self.policy.failures:
+                return False, PROBE_WAIT_MS / 1000.0
+            flying[call_id] = now + ttl_ms
+            return True, 0.0
 
-    def report(self, entry, outcome, probe, retry_after_s=None):
-        """A call to ``entry`` ended (``outcome``: ANSWERED, FAILED or NO_CALL); returns the
-        cooldown it started or found, in seconds."""
+    def report(self, entry, call_id, outcome, retry_after_s=None):
+        """Call ``call_id`` to ``entry`` ended (``outcome``: ANSWERED, FAILED or NO_CALL);
+        returns the cooldown it started or found, in seconds."""
         with self._lock:
             now, state = self._now(), self._state.setdefault(entry, {})
-            if probe and state.get('probes', 0) > 0:
-                state['probes'] -= 1
+            self._flying.setdefault(entry, {}).pop(call_id, None)
             if outcome == NO_CALL:
                 return 0.0
             if outcome == ANSWERED:
-                state.update(fails=0, probes=0)
+                state['fails'] = 0
                 return 0.0
             if state.get('until', 0) > now:
                 return (state['until'] - now) / 1000.0
@@ -175,7 +183,7 @@ class MemoryCooldowns:
             cooldown = self.policy.cooldown_ms if state['fails'] >= self.policy.failures else 0
             cooldown = max(cooldown, int((retry_after_s or 0) * 1000))
             if cooldown:
-                state.update(until=now + cooldown, fails=0, probes=0)
+                state.update(until=now + cooldown, fails=0)
             return cooldown / 1000.0
 
     def remaining(self, entries):
@@ -202,6 +210,9 @@ class RedisCooldowns:
     def key(self, entry):
         return '%s:{gateway}:cooldown:%s' % (self._prefix, entry)
 
+    def flying_key(self, entry):
+        return '%s:{gateway}:flying:%s' % (self._prefix, entry)
+
     def _script(self, name):
         if self._scripts is None:
             self._scripts = {
@@ -211,30 +222,33 @@ class RedisCooldowns:
             }
         return self._scripts[name]
 
-    def acquire(self, entry):
+    def acquire(self, entry, call_id, ttl_ms):
         p = self.policy
+        keys = [self.key(entry), self.flying_key(entry)]
         try:
             verdict, wait_ms = self._script('acquire')(
-                keys=[self.key(entry)], args=[p.failures, p.window_ms, PROBE_WAIT_MS]
+                keys=keys, args=[p.failures, p.window_ms, PROBE_WAIT_MS, call_id, int(ttl_ms)]
             )
-        except Exception as exc:  # noqa: BLE001 - any Redis failure: the call goes
+        except Exception as exc:  # any Redis failure: the call goes (see the class)
             self._unreachable(exc)
-            return True, False, 0.0
-        return int(verdict) != 0, int(verdict) == 2, int(wait_ms) / 1000.0
+            return True, 0.0
+        return int(verdict) == 1, int(wait_ms) / 1000.0
 
-    def report(self, entry, outcome, probe, retry_after_s=None):
+    def report(self, entry, call_id, outcome, retry_after_s=None):
         p = self.policy
         args = [
             outcome,
-            int(bool(probe)),
+            call_id,
             int((retry_after_s or 0) * 1000),
             p.failures,
             p.window_ms,
             p.cooldown_ms,
         ]
         try:
-            left_ms = self._script('report')(keys=[self.key(entry)], args=args)
-        except Exception as exc:  # noqa: BLE001
+            left_ms = self._script('report')(
+                keys=[self.key(entry), self.flying_key(entry)], args=args
+            )
+        except Exception as exc:
             self._unreachable(exc)
             return 0.0
         return int(left_ms) / 1000.0
@@ -245,7 +259,7 @@ class RedisCooldowns:
             return {}
         try:
             left = self._script('remaining')(keys=[self.key(e) for e in entries], args=[])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._unreachable(exc)
             return {}
         return {e: int(ms) / 1000.0 for e, ms in zip(entries, left, strict=True)}
@@ -288,36 +302,38 @@ def outcome_of(call, failure):
 class CooldownGuard(CallGuard):
     """Holds the cooldowns around each routed call: ``before`` skips a cooling entry (the
     gateway moves the call to the route's next entry, or the job waits for the shortest
-    cooldown), ``after`` reports how the call went. Calls of unrouted providers (the synthetic
-    one, a plugin's) pass untouched."""
+    cooldown) and counts the call in flight, ``after`` reports how it went. Calls of unrouted
+    providers (the synthetic one, a plugin's) pass untouched."""
 
     name = 'cooldowns'
 
     def __init__(self, cooldowns):
         self.cooldowns = cooldowns
+        self._ids = itertools.count()
+        self._process = '%d-%s' % (os.getpid(), os.urandom(4).hex())
 
     def before(self, call):
         if 'route' not in call.notes:
             return None
-        go, probe, wait_s = self.cooldowns.acquire(call.entry_key)
+        call_id = '%s-%d' % (self._process, next(self._ids))
+        ttl_ms = call.definition.execution.timeout_ms  # no call outlives its job's deadline
+        go, wait_s = self.cooldowns.acquire(call.entry_key, call_id, ttl_ms)
         if not go:
             raise EntryUnavailable(
                 wait_s, 'cooldown', {'entry': call.entry_key, 'errorCode': COOLDOWN_CODE}
             )
-        call.notes[self.name] = probe
+        call.notes[self.name] = call_id
         return None
 
     def after(self, call, usage, failure):
-        if self.name not in call.notes:
+        call_id = call.notes.pop(self.name, None)
+        if call_id is None:
             return
-        probe = call.notes.pop(self.name)
         outcome = outcome_of(call, failure)
-        if outcome == NO_CALL and not probe:
-            return  # nothing to count, nothing to free
         retry_after = None
         if outcome == FAILED and failure.code == 'PROVIDER_RATE_LIMITED':
             retry_after = failure.retry_after_s
-        left_s = self.cooldowns.report(call.entry_key, outcome, probe, retry_after)
+        left_s = self.cooldowns.report(call.entry_key, call_id, outcome, retry_after)
         if outcome == FAILED and left_s > 0:
             log_event(
                 'gateway.cooldown',
