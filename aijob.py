@@ -79,6 +79,26 @@ def bench_args(parser):
     )
 
 
+def cmd_providers(config, args):
+    from engine.gateway.providers_cli import check, describe
+
+    for line in describe(config):
+        print(line)
+    if not args.check:
+        return 0
+    lines, healthy = check(config)
+    print('check (GET /models):')
+    for line in lines:
+        print('  ' + line)
+    return 0 if healthy else 1
+
+
+def providers_args(parser):
+    parser.add_argument(
+        '--check', action='store_true', help="ask each provider's GET /models with its key"
+    )
+
+
 def cmd_token(config, args):
     from engine.http.auth import TokenStore
     from engine.runtime import Runtime
@@ -179,6 +199,12 @@ COMMANDS = {
         None,
     ),
     'token': (cmd_token, 'create or revoke API bearer tokens', token_args),
+    'providers': (
+        cmd_providers,
+        'print the providers, models (limits, prices) and routes, keys masked; --check asks '
+        'each provider for its model list',
+        providers_args,
+    ),
     'web': (
         cmd_web,
         'serve the HTTP API with gunicorn (several workers, no background loops)',

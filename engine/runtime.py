@@ -26,6 +26,7 @@ from .dispatch.workers import Worker
 from .execution.plugins import PluginApp, load_plugin
 from .execution.services import build_ai_services
 from .execution.webhook_signing import WebhookSigner
+from .gateway.wiring import install as install_gateway
 
 # The job types every process has; they register through the same entry point as users' own.
 BUILTIN_JOB_TYPES = ('engine.jobtypes.synthetic', 'engine.jobtypes.flashcards')
@@ -81,6 +82,12 @@ class Runtime:
         # Per-user limits and platform availability, checked before a job is written (§7.3).
         self.service.admission = Admission.from_config(config, self.store, self.ai)
         self.queue = open_queue(config)
+        # The gateway (docs/architecture.md, decision 17): routes, fallback and the guards,
+        # their shared state in the queue's Redis when there is one.
+        install_gateway(
+            self.ai, config, self.store, _LazyRedis(self.queue) if config.uses_redis else None
+        )
+        self.ai.gateway.check_definitions(self.registry.get_all())
         self.dispatcher = OutboxDispatcher(
             self.outbox,
             self.queue,
@@ -177,6 +184,17 @@ class Runtime:
         self.dispatcher.marks.close()
         self.queue.close()
         self.store.close()
+
+
+class _LazyRedis:
+    """The queue's Redis client, built at its first use rather than at start-up (a process
+    starts while Redis is down, and a cluster's client needs a node to answer)."""
+
+    def __init__(self, queue):
+        self._queue = queue
+
+    def __getattr__(self, name):
+        return getattr(self._queue.redis, name)
 
 
 def run_worker_process(config, start_metrics=None):

@@ -167,6 +167,20 @@ def _json(value):
         raise ValueError('not valid JSON') from None
 
 
+def json_object_or_file(value):
+    """AIJOB_PROVIDERS: a JSON object, or ``@PATH`` to a file holding one (None when unset);
+    its entries are checked by the gateway (engine/gateway/providers_config.py)."""
+    if value == '':
+        return None
+    if value.startswith('@'):
+        try:
+            with open(value[1:], encoding='utf-8') as file:
+                value = file.read()
+        except OSError as exc:
+            raise ValueError('cannot read %s: %s' % (value[1:], exc.strerror)) from None
+    return json_object_or_empty(value.strip() or '{}')
+
+
 def key_prefix(value):
     if not re.match(r'^[A-Za-z0-9_.:-]{1,64}$', value):
         raise ValueError('expected 1-64 letters, digits or _.:-')
@@ -531,6 +545,37 @@ SETTINGS = (
         'JSON prices per model ("*" = any other), e.g. {"deepseek-chat": {"prompt": "0.27", '
         '"completion": "1.10", "per": 1000000}}. Unset: every call costs 0.',
     ),
+    # ---- the gateway: named providers, routes and cooldowns (docs/architecture.md, decision 17)
+    Setting(
+        'AIJOB_PROVIDERS',
+        '',
+        json_object_or_file,
+        'Named OpenAI-compatible providers, their models (prices, limits, context, maxTokens) '
+        'and routes (fallback chains of "provider/model"), as JSON or @PATH to a JSON file; '
+        'keys come from the environment variables the file names (README "Providers and '
+        'routes"). Unset: AIJOB_PROVIDER_BASE_URL is the one provider, if set.',
+    ),
+    Setting(
+        'AIJOB_COOLDOWN_FAILURES',
+        '3',
+        positive_int,
+        'A provider/model that fails this many calls in a row (timeouts, connection errors, '
+        '5xx, 429) within AIJOB_COOLDOWN_WINDOW_MS is skipped by every worker for '
+        'AIJOB_COOLDOWN_MS.',
+    ),
+    Setting(
+        'AIJOB_COOLDOWN_WINDOW_MS',
+        '60000',
+        positive_int,
+        'The window in which AIJOB_COOLDOWN_FAILURES failures start a cooldown.',
+    ),
+    Setting(
+        'AIJOB_COOLDOWN_MS',
+        '60000',
+        positive_int,
+        'How long a provider/model is skipped after its failures (a 429 with Retry-After: '
+        'that long instead, if longer).',
+    ),
     Setting(
         'AIJOB_CONTENT_SAFETY_PATTERNS',
         '',
@@ -561,11 +606,23 @@ class Config:
             except (TypeError, ValueError) as exc:
                 shown = setting.env if setting.secret else '%s=%r' % (setting.env, raw)
                 raise ConfigError('%s is invalid: %s (%s)' % (shown, exc, setting.help)) from None
+        values['provider_keys'] = provider_keys(values['providers'], environ)
         return cls(values)
 
     @property
     def uses_redis(self):
         return self.redis_url is not None
+
+
+def provider_keys(providers, environ):
+    """The keys of the providers AIJOB_PROVIDERS names, read from the environment variables its
+    entries name (``apiKeyEnv``): {variable: key or None}. The file never holds a key."""
+    found = {}
+    for entry in ((providers or {}).get('providers') or {}).values():
+        name = entry.get('apiKeyEnv') if isinstance(entry, dict) else None
+        if isinstance(name, str) and name:
+            found[name] = environ.get(name) or None
+    return found
 
 
 def describe():

@@ -19,6 +19,7 @@ DISPATCHED = 'dispatched'  # claimed for a push to its queue, the push following
 STARTED = 'started'  # the first lock: attempt 1, queued → running
 TAKEN_OVER = 'taken_over'  # a later lock of a running job whose lock expired or was handed back
 RETRY_SCHEDULED = 'retry_scheduled'
+FALLBACK = 'fallback'  # the next call goes to another route entry (from, to, errorCode)
 WORKER_LOST = 'worker_lost'  # the reaper found the lock expired and handed the job on
 PROGRESS = 'progress'  # a milestone: at most one per 10 points of progress and attempt
 CANCEL_REQUESTED = 'cancel_requested'
@@ -32,6 +33,7 @@ KINDS = (
     STARTED,
     TAKEN_OVER,
     RETRY_SCHEDULED,
+    FALLBACK,
     WORKER_LOST,
     PROGRESS,
     CANCEL_REQUESTED,

@@ -28,8 +28,12 @@ STATUS_COLUMNS = (
 SELECT_STATUS = Statement(
     'SELECT %s FROM ai_job WHERE id = %%s' % ', '.join(c.name for c in STATUS_COLUMNS)
 )
+# A succeeded job's artifact references, then the provider and model of the call that produced
+# its result (its usage row without an error), in one read.
 SELECT_ARTIFACT_REFS = Statement(
-    'SELECT artifact_type, artifact_id FROM ai_job_artifact WHERE job_id = %s ORDER BY ordinal, id'
+    'SELECT 0, ordinal, id, artifact_type, artifact_id FROM ai_job_artifact WHERE job_id = %s '
+    'UNION ALL SELECT 1, 0, id, provider, model FROM ai_usage_log '
+    'WHERE job_id = %s AND error_code IS NULL ORDER BY 1, 2, 3'
 )
 _STATUS_NAMES = tuple(c.name for c in STATUS_COLUMNS)
 
@@ -37,6 +41,14 @@ _STATUS_NAMES = tuple(c.name for c in STATUS_COLUMNS)
 class ArtifactLink(NamedTuple):
     artifact_type: str
     artifact_id: str
+
+
+class ResultRefs(tuple):
+    """A succeeded job's ArtifactLinks in ordinal order, with the provider and model that
+    produced its result (None when no usage row names them)."""
+
+    provider = None
+    model = None
 
 
 class _SucceededRefs:
@@ -53,8 +65,11 @@ class _SucceededRefs:
     def get(self, job_id):
         refs = self._refs.get(job_id)
         if refs is None:
-            rows = execute(SELECT_ARTIFACT_REFS, (job_id,)).fetchall()
-            refs = tuple(ArtifactLink(*row) for row in rows)
+            rows = execute(SELECT_ARTIFACT_REFS, (job_id, job_id)).fetchall()
+            refs = ResultRefs(ArtifactLink(*row[3:]) for row in rows if row[0] == 0)
+            for row in rows:  # the last successful call's row, should a zombie's precede it
+                if row[0] == 1:
+                    refs.provider, refs.model = row[3], row[4]
             if len(self._refs) >= self.LIMIT:
                 self._refs = {}
             self._refs[job_id] = refs
@@ -108,4 +123,7 @@ def job_status(job, artifact_refs=()):
             for ref in artifact_refs
         ]
         body['result'] = {'artifactCount': len(refs), 'artifacts': refs}
+        model = getattr(artifact_refs, 'model', None)
+        if model:  # the provider and model that produced the result (a fallback shows here)
+            body['result'].update(provider=artifact_refs.provider, model=model)
     return body

@@ -131,9 +131,12 @@ class _Families:
                 yield from family.metric.collect()
 
 
-def exposition(store, queue):
-    """The text of one scrape (the caller holds a store connection)."""
+def exposition(store, queue, extra=()):
+    """The text of one scrape (the caller holds a store connection); ``extra``: more
+    collectors of state read at scrape time (the gateway's)."""
     registry = CollectorRegistry(auto_describe=False)
+    for collector in extra:
+        registry.register(collector)
     if metrics.multiprocess_dir() is not None:
         MultiProcessCollector(registry)
     else:

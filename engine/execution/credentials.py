@@ -104,6 +104,11 @@ class CredentialStore:
         """The clear key of ``user_id``'s credential, for one provider call only.
         CredentialNotFoundError if missing or not owned; CredentialUndecryptableError if the
         master key does not open it."""
+        return self.open(user_id, credential_id)[0]
+
+    def open(self, user_id, credential_id):
+        """(clear key, the provider it was registered for) of ``user_id``'s credential, with
+        ``decrypt``'s errors."""
         row = self._row(user_id, credential_id)
         if row is None:
             raise CredentialNotFoundError(
@@ -122,7 +127,7 @@ class CredentialStore:
             raise CredentialUndecryptableError(
                 'credential %s does not decrypt under the configured master key' % credential_id
             ) from None
-        return clear.decode('utf-8')
+        return clear.decode('utf-8'), row.provider
 
     def _row(self, user_id, credential_id):
         if not isinstance(credential_id, str) or not credential_id:
@@ -183,8 +188,8 @@ class CredentialResolver:
         if job.credential_mode == 'user_deepseek_key':
             if not job.credential_id:
                 raise CredentialNotFoundError('job %s has no credentialId' % job.id)
-            api_key = self._credential_store.decrypt(job.user_id, job.credential_id)
-            return Credential('user_deepseek_key', api_key, job.credential_id)
+            api_key, provider = self._credential_store.open(job.user_id, job.credential_id)
+            return Credential('user_deepseek_key', api_key, job.credential_id, provider)
         if job.credential_mode == 'platform_key':
             return Credential('platform_key', self._platform_api_key)
         raise CredentialError('credential mode %s is not available' % job.credential_mode)

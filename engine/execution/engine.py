@@ -62,6 +62,7 @@ class Attempt:
     abandoned: bool = False
     internal_retries: int = 0  # retries after an internal error (bounded apart)
     defer_success: bool = False  # a success returns a _Success for the caller to commit
+    route: object = None  # the gateway's place in the job's route (gateway/routes.py)
     started: float = field(default_factory=time.monotonic)
 
     def abandon(self):

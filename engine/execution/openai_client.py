@@ -31,8 +31,11 @@ CONTEXT_LENGTH_MARKERS = ('context_length', 'context length', 'maximum context',
 class OpenAICompatibleProvider(Provider):
     needs_api_key = True
 
-    def __init__(self, base_url, model, prompts=None, key='openai', read_timeout_s=60.0):
+    def __init__(
+        self, base_url, model, prompts=None, key='openai', read_timeout_s=60.0, needs_api_key=True
+    ):
         self.key = key
+        self.needs_api_key = needs_api_key  # False: a local server (llama.cpp) that takes none
         self.model = model
         self.base_url = base_url
         self.read_timeout_s = read_timeout_s
@@ -42,7 +45,7 @@ class OpenAICompatibleProvider(Provider):
         self._client = openai.OpenAI(api_key='unset', base_url=base_url, max_retries=0)
 
     def generate(self, request, ctx):
-        if not request.credential.api_key:
+        if not request.credential.api_key and self.needs_api_key:
             raise CredentialError('no API key for %s' % self.key, code='CREDENTIAL_MISSING')
         messages = self.prompts.render(request)
         ctx.check()
@@ -61,14 +64,26 @@ class OpenAICompatibleProvider(Provider):
         # retryable PROVIDER_TIMEOUT, while the job still has time for another attempt.
         remaining = max(0.001, ctx.remaining_s())
         timeout = openai.Timeout(remaining, read=min(remaining, self.read_timeout_s))
-        client = self._client.with_options(api_key=request.credential.api_key, timeout=timeout)
+        api_key = request.credential.api_key or 'unset'  # a keyless local server ignores it
+        client = self._client.with_options(api_key=api_key, timeout=timeout)
+        options = {'max_tokens': request.max_tokens} if request.max_tokens else {}
         return client.chat.completions.create(
             model=request.model or self.model,
             messages=messages,
             stream=True,
             stream_options={'include_usage': True},
             response_format={'type': 'json_object'},
+            **options,
         )
+
+    def list_models(self, api_key, timeout_s=10.0):
+        """The model ids ``GET /models`` answers (``python aijob.py providers --check``);
+        raises the JobFailure ``classify`` gives a failure."""
+        client = self._client.with_options(api_key=api_key or 'unset', timeout=timeout_s)
+        try:
+            return [model.id for model in client.models.list()]
+        except openai.OpenAIError as exc:
+            raise classify(exc) from None
 
 
 class _Call:
@@ -102,7 +117,11 @@ class _Call:
     def _take(self, chunk):
         self.model = chunk.model or self.model
         if chunk.usage is not None:
-            self.usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
+            self.usage = Usage(
+                chunk.usage.prompt_tokens or 0,
+                chunk.usage.completion_tokens or 0,
+                cached_prompt_tokens=_cached_tokens(chunk.usage),
+            )
         for choice in chunk.choices or ():
             delta = choice.delta
             if delta is not None and delta.content:
@@ -279,6 +298,16 @@ def parse_json_object(text, finish_reason=None):
             'provider output is JSON but not an object', code='VALIDATION_JSON'
         )
     return value
+
+
+def _cached_tokens(usage):
+    """Prompt tokens served from the provider's cache: OpenAI's ``prompt_tokens_details``, or
+    DeepSeek's ``prompt_cache_hit_tokens``; 0 when the server says nothing."""
+    details = getattr(usage, 'prompt_tokens_details', None)
+    cached = getattr(details, 'cached_tokens', None) if details is not None else None
+    if cached is None:
+        cached = (getattr(usage, 'model_extra', None) or {}).get('prompt_cache_hit_tokens')
+    return cached if isinstance(cached, int) and cached > 0 else 0
 
 
 def estimate_tokens(messages):

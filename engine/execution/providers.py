@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..core.errors import (
+    ConfigError,
     JobCancelledError,
     JobDeferred,
     JobTimeoutError,
@@ -26,12 +27,16 @@ class Credential:
     mode: str  # platform_key | user_deepseek_key
     api_key: Optional[str] = field(default=None, repr=False)
     credential_id: Optional[str] = None
+    # A user's key: the provider it was registered for (where its job may fall back).
+    provider: Optional[str] = field(default=None, compare=False)
 
 
 @dataclass
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, served from the provider's prompt cache
+    batch: bool = False  # billed at the provider's batch rate (usage.Price.batch)
 
 
 @dataclass
@@ -44,6 +49,7 @@ class ProviderRequest:
     credential: Credential
     model: Optional[str] = None
     prompt_version: Optional[str] = None
+    max_tokens: Optional[int] = None  # the completion cap to send, when the route entry has one
 
 
 @dataclass
@@ -185,6 +191,10 @@ class AiGateway:
     def add(self, provider):
         self._providers[provider.key] = provider
 
+    def providers(self):
+        """Every provider added so far (the plugins' own among them)."""
+        return list(self._providers.values())
+
     def provider_for(self, definition):
         """The provider a definition runs on, or None when this process has none configured."""
         return self._providers.get(definition.provider or self.default_provider)
@@ -198,6 +208,29 @@ class AiGateway:
                 'no provider %r configured' % key, code='INTERNAL_PROVIDER_MISSING'
             )
         return provider, getattr(provider, 'model', None) or provider.key
+
+    def platform_available(self, definition, platform_key_configured):
+        """Can a job of ``definition`` run with the platform's key here? Its provider must be
+        configured, and have the platform key unless it needs none."""
+        provider = self.provider_for(definition)
+        if provider is None:
+            return False
+        return platform_key_configured or not getattr(provider, 'needs_api_key', False)
+
+    def check_definitions(self, definitions):
+        """Raise ConfigError at start-up for a definition this gateway cannot route: here, one
+        that names a route (there are none without AIJOB_PROVIDERS); a missing provider fails
+        its jobs with INTERNAL_PROVIDER_MISSING instead, as plugins may add it later."""
+        for definition in definitions:
+            if definition.route is not None:
+                raise ConfigError(
+                    'AIJOB_PROVIDERS is not set, but job type %s names its route %r'
+                    % (definition.job_type, definition.route)
+                )
+
+    def cooldown_state(self):
+        """{'provider/model': seconds of cooldown left}: none without routes."""
+        return {}
 
     def next_entry(self, attempt, call, unavailable):
         """The ProviderCall that replaces ``call`` when its entry is unavailable (EntryUnavailable

@@ -34,10 +34,7 @@ class AiServices:
         """Can a job of ``definition`` run in platform_key mode here? Not when its provider is
         not configured, nor when the provider needs a key and no platform key is set
         (→ PLATFORM_UNAVAILABLE at creation)."""
-        provider = self.gateway.provider_for(definition)
-        if provider is None:
-            return False
-        return self.platform_key_configured or not getattr(provider, 'needs_api_key', False)
+        return self.gateway.platform_available(definition, self.platform_key_configured)
 
     def prompt_versions(self, definition):
         """The promptVersion values a job of ``definition`` may name here (the OpenAPI document

@@ -4,11 +4,14 @@ totals per user or per job type over a time range.
 
 ``AIJOB_PRICE_TABLE`` is JSON keyed by model (``"*"`` is the fallback), prices as decimal strings
 per ``per`` tokens (default one million), e.g.
-``{"deepseek-chat": {"prompt": "0.27", "completion": "1.10", "per": 1000000}}``.
+``{"deepseek-chat": {"prompt": "0.27", "completion": "1.10", "per": 1000000}}``. The models of
+``AIJOB_PROVIDERS`` carry their own prices, per provider and model (the gateway hands them in);
+those win over the table.
 """
 
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from typing import Optional
 
 from peewee import fn
 
@@ -18,11 +21,33 @@ from ..core.sql import insert_row
 COST_PLACES = Decimal('0.000001')  # ai_usage_log.cost is DECIMAL(14, 6)
 
 
+PRICE_FIELDS = {'prompt', 'completion', 'cachedPrompt', 'batch', 'per'}
+
+
 @dataclass(frozen=True)
 class Price:
+    """Prices per ``per`` tokens. ``cached_prompt``: a prompt token the provider served from its
+    prompt cache (None: the prompt price). ``batch``: the factor of the whole cost of a call the
+    provider billed at its batch rate (``Usage.batch``; None: 1)."""
+
     prompt: Decimal
     completion: Decimal
     per: int = 1_000_000
+    cached_prompt: Optional[Decimal] = None
+    batch: Optional[Decimal] = None
+
+    def cost(self, usage):
+        """The Decimal cost of ``usage`` (providers.Usage), rounded to the stored places."""
+        cached = min(getattr(usage, 'cached_prompt_tokens', 0) or 0, usage.prompt_tokens)
+        cached_price = self.prompt if self.cached_prompt is None else self.cached_prompt
+        total = (
+            self.prompt * (usage.prompt_tokens - cached)
+            + cached_price * cached
+            + self.completion * usage.completion_tokens
+        ) / self.per
+        if self.batch is not None and getattr(usage, 'batch', False):
+            total *= self.batch
+        return total.quantize(COST_PLACES)
 
 
 def parse_price_table(raw):
@@ -36,39 +61,69 @@ def parse_price_table(raw):
 
 
 def _parse_price(model, entry):
-    if not isinstance(entry, dict) or set(entry) - {'prompt', 'completion', 'per'}:
-        raise ValueError('%s: expected {"prompt", "completion", "per"}' % model)
+    return parse_price(model, entry)
+
+
+def parse_price(name, entry):
+    """A Price from ``{"prompt", "completion", "cachedPrompt"?, "batch"?, "per"?}``; raises
+    ValueError starting with ``name``."""
+    if not isinstance(entry, dict) or set(entry) - PRICE_FIELDS:
+        raise ValueError(
+            '%s: expected {"prompt", "completion", "cachedPrompt", "batch", "per"}' % name
+        )
+    prompt = _decimal(name, entry.get('prompt', 0))
+    completion = _decimal(name, entry.get('completion', 0))
+    cached = _decimal(name, entry['cachedPrompt']) if 'cachedPrompt' in entry else None
+    batch = _decimal(name, entry['batch']) if 'batch' in entry else None
+    per = entry.get('per', 1_000_000)
+    if not isinstance(per, int) or isinstance(per, bool) or per <= 0:
+        raise ValueError('%s: "per" must be a whole number above 0' % name)
+    return Price(prompt, completion, per, cached, batch)
+
+
+def _decimal(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError('%s: prices must be decimal numbers' % name)
     try:
         # str() first: a JSON float such as 0.1 must not carry its binary rounding into money
-        prompt = Decimal(str(entry.get('prompt', 0)))
-        completion = Decimal(str(entry.get('completion', 0)))
+        number = Decimal(str(value))
     except InvalidOperation:
-        raise ValueError('%s: prices must be decimal numbers' % model) from None
-    per = entry.get('per', 1_000_000)
-    if prompt < 0 or completion < 0 or not isinstance(per, int) or per <= 0:
-        raise ValueError('%s: prices must be >= 0 and "per" a whole number above 0' % model)
-    return Price(prompt, completion, per)
+        raise ValueError('%s: prices must be decimal numbers' % name) from None
+    if not number.is_finite() or number < 0:
+        raise ValueError('%s: prices must be >= 0' % name)
+    return number
 
 
 class PriceTableCostCalculator:
-    """The cost of one provider call from the configured price table."""
+    """The cost of one provider call: the price of its provider and model when the gateway
+    configured one (``entries``: {(provider, model): Price}), else the price table's."""
 
-    def __init__(self, table):
+    def __init__(self, table, entries=None):
         self._table = dict(table)
+        self._entries = dict(entries or {})
 
     @classmethod
     def from_table(cls, raw):
         return cls(parse_price_table(raw))
 
+    def with_entries(self, entries):
+        """This calculator with the prices of ``entries`` ({(provider, model): Price}) added."""
+        return PriceTableCostCalculator(self._table, {**self._entries, **entries})
+
+    def price(self, provider_key, model):
+        """The Price of a call to ``provider_key``/``model``, or None when nothing prices it."""
+        return (
+            self._entries.get((provider_key, model))
+            or self._table.get(model)
+            or self._table.get('*')
+        )
+
     def cost(self, provider_key, model, usage):
-        """Decimal cost of one call; a model missing from the table (and no ``*``) costs 0."""
-        price = self._table.get(model) or self._table.get('*')
+        """Decimal cost of one call; a call nothing prices costs 0."""
+        price = self.price(provider_key, model)
         if price is None:
             return Decimal('0')
-        total = (
-            price.prompt * usage.prompt_tokens + price.completion * usage.completion_tokens
-        ) / price.per
-        return total.quantize(COST_PLACES)
+        return price.cost(usage)
 
 
 # ---------------------------------------------------------------- usage rows and totals

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..core.errors import AiJobError, InvalidRequestError, JobNotFoundError
 from ..core.history import JobHistory
-from ..core.lifecycle import CANCELLED, FAILED, TERMINAL
+from ..core.lifecycle import CANCELLED, FAILED, SUCCEEDED, TERMINAL
 from ..core.models import AiJob, AiJobSnapshot, AiUsageLog
 from ..core.overview import STATES, Overview
 from ..core.registry import QUEUE_NAMES
@@ -84,7 +84,14 @@ def overview(runtime):
         'chart': chart(minutes),
         'finished_last_hour': finished,
         'failure_rate': '%.1f %%' % (100.0 * failed / finished) if finished else '–',
+        'cooldowns': _cooldowns(runtime),
     }
+
+
+def _cooldowns(runtime):
+    """[(provider/model, seconds left)] of the route entries cooling down now (the gateway)."""
+    state = runtime.ai.gateway.cooldown_state()
+    return sorted((entry, left) for entry, left in state.items() if left > 0)
 
 
 def _queue_row(queue, name, counts):
@@ -178,6 +185,7 @@ def job_detail(runtime, job_id):
         'artifacts': views.artifact_contents(job)['artifacts'],
         'usage': usage,
         'usage_total': _usage_total(usage),
+        'answered_by': _answered_by(job, usage),
         'retries': list(
             AiJob.select(AiJob.id, AiJob.lifecycle_status, AiJob.created_at)
             .where(AiJob.retry_of_job_id == job.id)
@@ -196,6 +204,14 @@ def _timeline(events):
 def duration_since(start, at):
     seconds = (at - start).total_seconds()
     return '+%.3f s' % seconds if seconds < 60 else '+' + duration(start, at)
+
+
+def _answered_by(job, usage):
+    """'provider/model' whose answer a succeeded job's result is (its call without an error)."""
+    if job.lifecycle_status != SUCCEEDED:
+        return None
+    answered = [row for row in usage if row.error_code is None]
+    return '%s/%s' % (answered[-1].provider, answered[-1].model) if answered else None
 
 
 def _usage_total(rows):

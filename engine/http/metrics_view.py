@@ -13,6 +13,7 @@ from ..core import metrics
 from ..core.errors import AiJobError, ForbiddenError, StoreUnavailableError, UnauthorizedError
 from ..core.logs import log_event
 from ..dispatch.scrape import CONTENT_TYPE, exposition
+from ..gateway.cooldowns import cooldown_gauge
 from .auth import TokenStore, bearer_token
 
 SCRAPE_TIMEOUT_S = 10  # a scraper silent this long is dropped (the worker's own port)
@@ -45,7 +46,20 @@ class MetricsAccess:
 
 def scrape(runtime):
     """The exposition text; the caller holds a store connection."""
-    return exposition(runtime.store, runtime.queue)
+    return exposition(runtime.store, runtime.queue, extra=gateway_collectors(runtime))
+
+
+def gateway_collectors(runtime):
+    """The gateway's gauges read at scrape time: every configured entry's cooldown."""
+    return [_Collect(lambda: [cooldown_gauge(runtime.ai.gateway)])]
+
+
+class _Collect:
+    def __init__(self, families):
+        self._families = families
+
+    def collect(self):
+        return self._families()
 
 
 # ---------------------------------------------------------------- the worker's own port

@@ -148,6 +148,15 @@ def _schemas(definitions, prompt_versions):
                 'properties': {
                     'artifactCount': {'type': 'integer', 'minimum': 0},
                     'artifacts': {'type': 'array', 'items': _ref('ArtifactRef')},
+                    'provider': {
+                        'type': 'string',
+                        'description': 'The provider whose answer the result is.',
+                    },
+                    'model': {
+                        'type': 'string',
+                        'description': 'The model that produced the result (after any '
+                        'fallback along its route).',
+                    },
                 },
             },
         },

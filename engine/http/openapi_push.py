@@ -217,7 +217,7 @@ def _stream_paths():
                 'summary': 'Server-sent events of one job (owner or SUPER_ADMIN) until it ends.',
                 'description': 'A fresh stream opens with `event: status` (the JobStatusResponse, '
                 'its id the latest event id), then one event per change, named by its kind '
-                '(created, dispatched, started, progress, retry_scheduled, taken_over, '
+                '(created, dispatched, started, progress, retry_scheduled, fallback, taken_over, '
                 'cancel_requested, succeeded, failed, cancelled, ...), data `{id, jobId, kind, '
                 'attemptNo, detail, at}`, then the final `event: status`, then it ends. With '
                 'Last-Event-ID only the events after it are sent. Idle: a comment line every '

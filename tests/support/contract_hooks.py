@@ -60,7 +60,8 @@ def map_case(context, case):
 def before_call(context, case, kwargs):
     """In a case meant to be valid, the idempotency key is new (a changed body under an old key
     is, rightly, IDEMPOTENCY_KEY_REUSED) and the header and the body carry the same one. Done just
-    before the call: schemathesis sets a case's headers again after map_case."""
+    before the call: schemathesis sets a case's headers again after map_case. Long polls are
+    capped here too: the coverage phase's boundary values (``waitMs=29999``) skip map_query."""
     _cap_wait(case.query)
     if not _positive(case):
         return

@@ -1,6 +1,8 @@
 """A real HTTP server on 127.0.0.1 that speaks the OpenAI chat-completions protocol (SSE streaming
 included), scripted per test: each request takes the next scripted Reply (the last one repeats).
-It records every request and whether the client closed a streaming connection early."""
+It records every request and whether the client closed a streaming connection early. It also
+answers ``GET /v1/models`` (the model list, or the scripted ``models_status``), and can be
+started again on the port it had (a provider that went down and came back)."""
 
 import json
 import select
@@ -44,20 +46,30 @@ def error_reply(status, message='error', code=None, **kw):
 
 
 class FakeOpenAI:
-    def __init__(self):
+    def __init__(self, port=0, models=('fake-model',)):
         self.requests = []  # decoded JSON bodies, with '_headers'
         self.client_closed = threading.Event()  # a client hung up mid-stream
+        self.models = list(models)  # what GET /models lists
+        self.models_status = 200  # another status: GET /models answers that error
+        self.model_requests = []  # the headers of each GET /models
         self._replies = [json_reply({'ok': True})]
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(('127.0.0.1', 0), _handler_for(self))
+        self._bind(port)
+
+    def _bind(self, port):
+        self._server = ThreadingHTTPServer(('127.0.0.1', port), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.02,), daemon=True
         )
 
     @property
+    def port(self):
+        return self._server.server_address[1]
+
+    @property
     def base_url(self):
-        return 'http://127.0.0.1:%d/v1' % self._server.server_address[1]
+        return 'http://127.0.0.1:%d/v1' % self.port
 
     def start(self):
         self._thread.start()
@@ -66,6 +78,11 @@ class FakeOpenAI:
     def stop(self):
         self._server.shutdown()
         self._server.server_close()
+
+    def restart(self):
+        """Listen again on the same port after ``stop``: the provider is back."""
+        self._bind(self.port)
+        return self.start()
 
     def script(self, *replies):
         with self._lock:
@@ -83,6 +100,18 @@ def _handler_for(fake):
 
         def log_message(self, *args):  # keep test output quiet
             pass
+
+        def do_GET(self):
+            if self.path.rstrip('/') != '/v1/models':
+                return self._send_json(404, {'error': {'message': 'not found'}}, {})
+            fake.model_requests.append({k.lower(): v for k, v in self.headers.items()})
+            if fake.models_status != 200:
+                body = {'error': {'message': 'refused', 'type': 'invalid_request_error'}}
+                return self._send_json(fake.models_status, body, {})
+            data = [
+                {'id': m, 'object': 'model', 'created': 0, 'owned_by': 'fake'} for m in fake.models
+            ]
+            self._send_json(200, {'object': 'list', 'data': data}, {})
 
         def do_POST(self):
             length = int(self.headers.get('Content-Length') or 0)

@@ -28,6 +28,9 @@
   <dt>user</dt><dd><a href="{{prefix}}/jobs?{{urlencode({'userId': job.user_id})}}">{{job.user_id}}</a></dd>
   <dt>target</dt><dd>{{job.target_type}}:{{job.target_id}}</dd>
   <dt>credential</dt><dd>{{job.credential_mode}}</dd>
+% if answered_by:
+  <dt>model</dt><dd id="answered-by">{{answered_by}}</dd>
+% end
 % if job.idempotency_key:
   <dt>idempotency key</dt><dd>{{job.idempotency_key}}</dd>
 % end

@@ -69,6 +69,23 @@
 </figcaption>
 </figure>
 
+<h2>Provider cooldowns</h2>
+% if not cooldowns:
+<p class="muted">No provider/model is cooling down: every route entry takes calls.</p>
+% else:
+<div class="scroll">
+<table id="cooldowns">
+  <thead><tr><th>provider/model</th><th>skipped for</th></tr></thead>
+  <tbody>
+% for entry, left in cooldowns:
+  <tr><td><code>{{entry}}</code></td><td>{{'%.1f s' % left}}</td></tr>
+% end
+  </tbody>
+</table>
+</div>
+<p class="muted">Every worker skips these until their cooldown ends (AIJOB_COOLDOWN_*).</p>
+% end
+
 <h2>Workers</h2>
 % if not workers:
 <p class="muted">No worker has a live heartbeat.</p>
