@@ -39,10 +39,14 @@ class Reaper:
         self.reap_after_ms = reap_after_ms
         self.repush_after_s = repush_after_ms / 1000.0
         self._pushed = {}  # job id -> (attempt number, monotonic time of its hand-over push)
+        # release_leaked(): releases the budget reservations of calls whose worker died before
+        # settling them (the gateway's, handed in by the runtime); returns how many.
+        self.release_leaked = None
 
     def sweep(self):
         """One pass; returns counts of messages recovered and jobs republished, waiting (pushed
-        already, not yet taken), failed, cancelled, deferred (the queue is down) or skipped."""
+        already, not yet taken), failed, cancelled, deferred (the queue is down) or skipped; and,
+        with ``release_leaked``, the budget reservations released."""
         counts = dict.fromkeys(
             ('recovered', 'republished', 'waiting', 'failed', 'cancelled', 'deferred', 'skipped'),
             0,
@@ -59,6 +63,10 @@ class Reaper:
             counts[outcome] += 1
         if counts['deferred']:
             log_event('reaper.republish_deferred', logging.WARNING, count=counts['deferred'])
+        if self.release_leaked is not None:
+            counts['reservations_released'] = self.release_leaked()
+            if counts['reservations_released']:
+                log_event('reaper.reservations_released', count=counts['reservations_released'])
         return counts
 
     def _reap(self, job, queue_up):
