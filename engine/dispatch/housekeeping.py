@@ -57,16 +57,18 @@ class Reaper:
             counts['recovered'] = self.queue.recover_orphans()
         except QueueUnavailableError:
             queue_up = False
+        if self.release_leaked is not None:
+            # Before the hand-overs: the next attempt of a dead worker's job finds the budget
+            # that worker's reservation held free again.
+            counts['reservations_released'] = self.release_leaked()
+            if counts['reservations_released']:
+                log_event('reaper.reservations_released', count=counts['reservations_released'])
         for job in self.lifecycle.find_expired_locks(self.reap_after_ms):
             outcome = self._reap(job, queue_up)
             queue_up = queue_up and outcome != 'deferred'
             counts[outcome] += 1
         if counts['deferred']:
             log_event('reaper.republish_deferred', logging.WARNING, count=counts['deferred'])
-        if self.release_leaked is not None:
-            counts['reservations_released'] = self.release_leaked()
-            if counts['reservations_released']:
-                log_event('reaper.reservations_released', count=counts['reservations_released'])
         return counts
 
     def _reap(self, job, queue_up):
