@@ -205,10 +205,11 @@ def _release_sql(count):
     )
 
 
-def _spend_rows_sql(count):
+def _spend_rows_sql(budgets, keys):
     return statement(
         'SELECT id, budget_id, period_key, spent_micros, reserved_micros FROM ai_budget_spend '
-        'WHERE budget_id IN (%s)' % placeholders(count)
+        'WHERE budget_id IN (%s) AND period_key IN (%s)'
+        % (placeholders(budgets), placeholders(keys))
     )
 
 
@@ -408,7 +409,8 @@ class Budgets:
         if not budgets:
             return {}
         ids = sorted({b.id for b in budgets})
-        rows = self.store.execute(_spend_rows_sql(len(ids)), ids).fetchall()
+        keys = sorted({period_key(b.period, now) for b in budgets})
+        rows = self.store.execute(_spend_rows_sql(len(ids), len(keys)), ids + keys).fetchall()
         return {(r[1], r[2]): (int(r[0]), int(r[3]), int(r[4])) for r in rows}
 
     def _ensure_spend(self, budgets, now):
@@ -460,6 +462,8 @@ class BudgetGuard(CallGuard):
         if not self.budgets.applicable(job.user_id, job.job_type):
             return None
         max_micros = self.max_cost_micros(call)
+        if not max_micros:  # a call with no price spends nothing: there is nothing to hold
+            return None
         outcome = self.budgets.reserve(job, call.call_no, max_micros)
         if isinstance(outcome, Exceeded):
             raise self._refusal(outcome)
