@@ -367,6 +367,19 @@ def test_the_reaper_releases_the_reservations_of_lost_locks_only(budget_rt):
     assert budget_rt.reaper.sweep()['reservations_released'] == 0
 
 
+def test_a_takeover_releases_the_reservation_of_the_attempt_it_replaces(budget_rt):
+    budget_rt.budgets.put('global', '', 'day', MAX_COST, 'fail')  # one call at a time
+    guard, job = guard_of(budget_rt), running_job(budget_rt)
+    guard.before(a_call(job))  # then its worker dies, holding the reservation
+    AiJob.update(lock_until=datetime.datetime(2000, 1, 1)).where(AiJob.id == job.id).execute()
+    taken = budget_rt.lifecycle.lock_job(job.id, 'another-worker')
+    assert taken.attempt_no == 2
+    guard.before(a_call(taken))  # fits: the dead attempt's reservation went first
+    [left] = AiBudgetReservation.select()
+    assert left.attempt_no == 2
+    assert spend_of(AiBudget.get().id) == (0, MAX_COST)
+
+
 # ---------------------------------------------------------------- through the engine
 CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'}]}
 CARD_INPUT = {'text': 'Paris is the capital of France.', 'maxCards': 1}

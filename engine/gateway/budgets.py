@@ -13,8 +13,10 @@ counted in the period it was reserved in.
 
 A reservation whose worker died before settling is released by the reaper (``release_leaked``)
 once its job's lock is gone: the job finished, moved on to another attempt, or its lock expired
-``grace_ms`` ago. Settling and releasing each delete the reservation row first and give back the
-reserved amount only when they deleted it, so the two never both give it back.
+``grace_ms`` ago; and a worker that takes over a job whose lock expired releases the
+reservations of the job's earlier attempts when it reserves. Settling and releasing each delete
+the reservation row first and give back the reserved amount only when they deleted it, so the
+two never both give it back.
 
 The engine never imports this module: the runtime installs the guard (``install_budgets``) and
 hands the service its create-time check and the reaper its release."""
@@ -149,14 +151,28 @@ def refusal_message(budget, now):
 
 # ---------------------------------------------------------------- SQL
 BUDGET_COLUMNS = 'id, scope, subject, period, amount, on_exceeded'
-APPLICABLE = (
-    "WHERE scope = 'global' OR (scope = 'user' AND subject = %s) "
-    "OR (scope = 'jobType' AND subject = %s) ORDER BY id"
+# The current period's key in SQL, as period_key() makes it from the same clock.
+PERIOD_KEY_SQL = {
+    'mysql': "CASE b.period WHEN 'day' THEN CONCAT('d:', DATE_FORMAT(UTC_TIMESTAMP(6), "
+    "'%%Y-%%m-%%d')) WHEN 'month' THEN CONCAT('m:', DATE_FORMAT(UTC_TIMESTAMP(6), '%%Y-%%m')) "
+    "ELSE 'total' END",
+    'sqlite': "CASE b.period WHEN 'day' THEN 'd:' || strftime('%Y-%m-%d', 'now') "
+    "WHEN 'month' THEN 'm:' || strftime('%Y-%m', 'now') ELSE 'total' END",
+}
+# The budgets of a job with the clock and their current period's spend row, in one read.
+WITH_SPEND = (
+    'SELECT b.id, b.scope, b.subject, b.period, b.amount, b.on_exceeded, {now}, '
+    's.id, s.spent_micros, s.reserved_micros FROM ai_budget b '
+    'LEFT JOIN ai_budget_spend s ON s.budget_id = b.id AND s.period_key = %s '
+    "WHERE b.scope = 'global' OR (b.scope = 'user' AND b.subject = %%s) "
+    "OR (b.scope = 'jobType' AND b.subject = %%s) ORDER BY b.id"
 )
-# The budgets of a call, locked until its transaction ends, with the clock read in the same go.
-LOCK_BUDGETS = statement(
-    'SELECT %s, {now} FROM ai_budget %s FOR UPDATE' % (BUDGET_COLUMNS, APPLICABLE),
-    'SELECT %s, {now} FROM ai_budget %s' % (BUDGET_COLUMNS, APPLICABLE),
+# Read by a create; locked by a call's reservation until its transaction ends.
+READ_WITH_SPEND = statement(
+    WITH_SPEND % PERIOD_KEY_SQL['mysql'], WITH_SPEND % PERIOD_KEY_SQL['sqlite']
+)
+LOCK_WITH_SPEND = statement(
+    WITH_SPEND % PERIOD_KEY_SQL['mysql'] + ' FOR UPDATE', WITH_SPEND % PERIOD_KEY_SQL['sqlite']
 )
 ALL_BUDGETS = statement('SELECT %s FROM ai_budget ORDER BY id' % BUDGET_COLUMNS)
 INSERT_SPEND = (
@@ -178,6 +194,10 @@ LEAKED = statement(
     'LEFT JOIN ai_job j ON j.id = r.job_id '
     "WHERE j.id IS NULL OR j.lifecycle_status <> 'running' OR j.attempt_no <> r.attempt_no "
     'OR j.lock_until IS NULL OR j.lock_until < {now_plus} ORDER BY r.id LIMIT %d' % RELEASE_BATCH
+)
+EARLIER_ATTEMPTS = statement(
+    'SELECT id, amount_micros, spend_ids FROM ai_budget_reservation '
+    'WHERE job_id = %s AND attempt_no < %s'
 )
 USAGE_SUM = 'SELECT COALESCE(SUM(cost), 0) FROM ai_usage_log'
 USAGE_FILTER = {'global': '', 'user': 'user_id = %s', 'jobType': 'job_type = %s'}
@@ -211,6 +231,24 @@ def _spend_rows_sql(budgets, keys):
         'WHERE budget_id IN (%s) AND period_key IN (%s)'
         % (placeholders(budgets), placeholders(keys))
     )
+
+
+def _with_spend(rows):
+    """(budgets, clock, {(budget id, period key): (spend id, spent, reserved)}) of rows of
+    WITH_SPEND; a budget whose current period has no spend row yet is left out of the dict."""
+    now = _clock_value(rows[0][6])
+    budgets = [_budget_from_row(row) for row in rows]
+    spend = {
+        (budget.id, period_key(budget.period, now)): (int(row[7]), int(row[8]), int(row[9]))
+        for budget, row in zip(budgets, rows, strict=True)
+        if row[7] is not None
+    }
+    return budgets, now, spend
+
+
+def _reservation_from_row(row):
+    """A Reservation from (id, amount_micros, spend_ids)."""
+    return Reservation(int(row[0]), int(row[1]), tuple(int(i) for i in row[2].split(',') if i))
 
 
 def _budget_from_row(row):
@@ -319,16 +357,16 @@ class Budgets:
     def check_creatable(self, user_id, job_type):
         """Refuse a create (BudgetExceededError, 429) when a budget that applies is spent:
         ``spent + reserved >= amount``. Free when no budget applies (the list is cached)."""
-        budgets = self.applicable(user_id, job_type)
-        if not budgets:
+        if not self.applicable(user_id, job_type):
             return
-        now = self.store.clock()
-        spend = self._spend(budgets, now)
+        rows = self.store.execute(READ_WITH_SPEND, (user_id, job_type)).fetchall()
+        if not rows:
+            return
+        budgets, now, spend = _with_spend(rows)
         spent = []
         for budget in budgets:
             found = spend.get((budget.id, period_key(budget.period, now)))
-            used = found[1] + found[2] if found else 0
-            if used >= budget.amount_micros:
+            if found is not None and found[1] + found[2] >= budget.amount_micros:
                 spent.append(budget)
         if not spent:
             return
@@ -347,12 +385,16 @@ class Budgets:
             return self.store.run_in_transaction(lambda tx: self._reserve(job, call_no, max_micros))
 
     def _reserve(self, job, call_no, max_micros):
-        rows = self.store.execute(LOCK_BUDGETS, (job.user_id, job.job_type)).fetchall()
+        rows = self.store.execute(LOCK_WITH_SPEND, (job.user_id, job.job_type)).fetchall()
         if not rows:
             return None
-        now = _clock_value(rows[0][6])
-        budgets = [_budget_from_row(row) for row in rows]
-        spend = self._ensure_spend(budgets, now)
+        budgets, now, spend = _with_spend(rows)
+        # A takeover: this worker holds the job's lock now, so the reservations of its earlier
+        # attempts (a dead worker's) are released before the reaper gets to them.
+        if job.attempt_no > 1 and self._release_earlier_attempts(job):
+            spend = self._spend(budgets, now)
+        if len(spend) < len(budgets):  # a period's first call: its spend row is made now
+            spend = self._ensure_spend(budgets, now)
         ids, exceeded = [], []
         for budget in budgets:
             spend_id, spent, reserved = spend[(budget.id, period_key(budget.period, now))]
@@ -390,6 +432,10 @@ class Budgets:
         self.store.execute(_release_sql(len(ids)), [reservation.amount_micros, *ids])
         return True
 
+    def _release_earlier_attempts(self, job):
+        rows = self.store.execute(EARLIER_ATTEMPTS, (job.id, job.attempt_no)).fetchall()
+        return sum(self._release(_reservation_from_row(row)) for row in rows)
+
     def release_leaked(self, grace_ms):
         """The reaper's pass: release the reservations whose job's lock is gone (see the
         module's docstring). Returns how many were released."""
@@ -397,8 +443,7 @@ class Budgets:
         while True:
             rows = self.store.execute(LEAKED, (self.store.ms_param(-grace_ms),)).fetchall()
             for row in rows:
-                spend_ids = tuple(int(i) for i in row[2].split(',') if i)
-                leaked = Reservation(int(row[0]), int(row[1]), spend_ids)
+                leaked = _reservation_from_row(row)
                 released += self.store.run_in_transaction(lambda tx, r=leaked: self._release(r))
             if len(rows) < RELEASE_BATCH:
                 return released
