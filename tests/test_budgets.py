@@ -5,6 +5,7 @@ not made, the reaper's release of a dead worker's reservations, and jobs through
 against the loopback provider."""
 
 import datetime
+import re
 import time
 from decimal import Decimal
 from types import SimpleNamespace
@@ -28,6 +29,7 @@ from tests.support.api import Harness, job_body, run_to_running
 from tests.support.fake_openai import json_reply
 from tests.support.helpers import create_job, run_threads
 from tests.support.runtimes import FAST_SETTINGS, PROVIDER_SETTINGS, fast_registry, wait_terminal
+from tests.test_dashboard import board  # noqa: F401
 
 BUDGETS = '/admin-api/ai/budgets'
 JOBS = '/api/ai/jobs'
@@ -178,6 +180,21 @@ def test_users_get_403_on_the_budget_endpoints(budget_api):
         assert response.status == 403 and response.error_code == 'FORBIDDEN'
         assert budget_api.anon.request(method, path, json_body=body).status == 401
     assert AiBudget.get().amount == Decimal('1')
+
+
+def test_the_dashboards_usage_page_shows_each_budget_against_its_spend(board):  # noqa: F811
+    rt = board.rt
+    record_cost('alice', '1.25')
+    rt.budgets.put('user', 'alice', 'month', Decimal('10'), 'wait')
+    page = board.operator().get('/dashboard/usage')
+    assert page.status == 200
+    assert re.search(
+        r'<td>user</td><td>alice</td><td>month</td>\s*<td>10.000000</td><td>1.250000</td>'
+        r'<td>0.000000</td>\s*<td>8.750000</td><td>wait</td>',
+        page.text,
+    )
+    rt.budgets.delete(AiBudget.get().id)
+    assert 'No budget' in board.operator().get('/dashboard/usage').text
 
 
 # ---------------------------------------------------------------- the create-time refusal
