@@ -98,9 +98,11 @@ class Budget:
     on_exceeded: str
 
     def applies(self, user_id, job_type):
+        """A pre-filter: the SQL that reserves decides. Case-blind, as MariaDB's collation
+        compares, so it never leaves out a budget the database would apply."""
         if self.scope == 'global':
             return True
-        return self.subject == (user_id if self.scope == 'user' else job_type)
+        return self.subject.lower() == (user_id if self.scope == 'user' else job_type).lower()
 
     def describe(self):
         """How messages name it: ``the daily budget of user u-1 (10.000000)``."""
