@@ -1,6 +1,7 @@
 """Wiring: one place that builds the engine's parts from a Config, for the CLI, the WSGI app and
 the tests alike. It sits above core, execution, dispatch and the job types, and below http."""
 
+import functools
 import logging
 import os
 import socket
@@ -26,6 +27,7 @@ from .dispatch.workers import Worker
 from .execution.plugins import PluginApp, load_plugin
 from .execution.services import build_ai_services
 from .execution.webhook_signing import WebhookSigner
+from .gateway.budgets import install_budgets
 from .gateway.wiring import install as install_gateway
 
 # The job types every process has; they register through the same entry point as users' own.
@@ -105,6 +107,13 @@ class Runtime:
         )
         self.reconciler = Reconciler(self.lifecycle, self.queue, after_ms=config.reconcile_after_ms)
         self.service.cancel_signal = self._signal_cancel
+        # Budgets in money (engine/gateway/budgets.py): the guard around every provider call,
+        # the create-time refusal, and the reaper's release of a dead worker's reservations.
+        self.budgets = install_budgets(self.ai, config, self.store, None)
+        self.service.budget_check = self.budgets.check_creatable
+        self.reaper.release_leaked = functools.partial(
+            self.budgets.release_leaked, config.reap_after_ms
+        )
         # Push (architecture decision 15): endpoints and deliveries, their URL rule and
         # signatures; the loops run where the workers do.
         self.webhooks = WebhookRepository(self.store)

@@ -583,6 +583,14 @@ SETTINGS = (
         'JSON array of case-insensitive regular expressions that block job input and output '
         'when a definition asks for a safety check. Unset: block private keys only.',
     ),
+    # -- budgets (engine/gateway/budgets.py)
+    Setting(
+        'AIJOB_BUDGET_MAX_TOKENS',
+        '4096',
+        positive_int,
+        'Completion tokens a budget reserves for a call whose route entry sets no max_tokens: '
+        'a call reserves prompt tokens x prompt price + this x completion price.',
+    ),
 )
 
 

@@ -123,6 +123,19 @@ class QuotaExceededError(AiJobError):
         self.retry_after_s = retry_after_s
 
 
+class BudgetExceededError(AiJobError):
+    """A create refused because a budget that applies to it is spent (engine/gateway/budgets.py):
+    the message names the budget and when its period resets; Retry-After is the time to it."""
+
+    code = 'BUDGET_EXCEEDED'
+    http_status = 429
+    public_message = 'A budget that applies to this job is spent.'
+
+    def __init__(self, message, retry_after_s=None):
+        super().__init__(message, public_message=message)
+        self.retry_after_s = retry_after_s
+
+
 class PlatformUnavailableError(AiJobError):
     code = 'PLATFORM_UNAVAILABLE'
     http_status = 503
@@ -259,6 +272,12 @@ class WebhookDeliveryInFlightError(HttpError):
     code = 'WEBHOOK_DELIVERY_IN_FLIGHT'
     http_status = 409
     public_message = 'The delivery is being sent right now; try again once it has an outcome.'
+
+
+class BudgetNotFoundError(HttpError):
+    code = 'BUDGET_NOT_FOUND'
+    http_status = 404
+    public_message = 'No such budget.'
 
 
 class WebhooksUnavailableError(HttpError):
@@ -428,6 +447,16 @@ class CredentialStorageUnavailableError(AiJobError):
     public_message = 'Storing API keys is not enabled on this server.'
 
 
+class BudgetExceededFailure(JobFailure):
+    """A provider call whose maximum cost would pass a budget: the job fails without the call,
+    is not retried and does not fall back to another route entry (every entry spends from the
+    same budget)."""
+
+    code = 'BUDGET_EXCEEDED'
+    retryable = False
+    public_message = 'A budget that applies to this job is spent.'
+
+
 class JobCancelledError(JobFailure):
     """The job must stop and end ``cancelled``: its owner asked, before or while it ran. Raised
     by the engine's checks and by the lifecycle when a cancel request beats the success write."""
@@ -474,6 +503,7 @@ _FAILURE_PREFIXES = (
     ('TIMEOUT', JobTimeoutError),
     ('CREDENTIAL_', CredentialError),
     ('CANCELLED', JobCancelledError),
+    ('BUDGET_', BudgetExceededFailure),
     ('INTERNAL_', InternalJobError),
 )
 

@@ -9,6 +9,7 @@ from typing import NamedTuple, Optional
 
 from . import metrics
 from .errors import (
+    BudgetExceededError,
     IdempotencyKeyReusedError,
     InvalidInputError,
     InvalidRequestError,
@@ -131,6 +132,9 @@ class AiJobService:
         # cancel_signal(job_id): the fast path telling a running job's worker to stop (the
         # ``job:cancel:{jobId}`` key); the database flag stays the source of truth.
         self.cancel_signal = cancel_signal
+        # budget_check(user_id, job_type): refuses a create whose budget in money is spent
+        # (BudgetExceededError, 429); the gateway's, set by the runtime. None: no budgets.
+        self.budget_check = None
         # A job's own webhookUrl: checked by the webhook URL rule, kept as an endpoint of that
         # job (architecture decision 15). Set by the runtime.
         self.webhooks = None
@@ -154,6 +158,8 @@ class AiJobService:
                 return self._replay(existing, fingerprint)
         if self.admission is not None:
             self.admission.check_creatable(request, definition)
+        if self.budget_check is not None:
+            self.budget_check(request.user_id, definition.job_type)
         written = []  # the last run of the work is the one that committed
 
         def write(tx):
@@ -320,7 +326,7 @@ class AiJobService:
                 result.new_jobs.append(self.retry_job(job.id))
             except JobNotRetryableError:
                 result.skipped += 1  # its snapshot was purged: nothing to run it on
-            except (TooManyJobsError, QuotaExceededError):
+            except (TooManyJobsError, QuotaExceededError, BudgetExceededError):
                 result.refused += 1  # the user's limits: it stays failed, for a later run
         return result
 

@@ -39,10 +39,14 @@ class Reaper:
         self.reap_after_ms = reap_after_ms
         self.repush_after_s = repush_after_ms / 1000.0
         self._pushed = {}  # job id -> (attempt number, monotonic time of its hand-over push)
+        # release_leaked(): releases the budget reservations of calls whose worker died before
+        # settling them (the gateway's, handed in by the runtime); returns how many.
+        self.release_leaked = None
 
     def sweep(self):
         """One pass; returns counts of messages recovered and jobs republished, waiting (pushed
-        already, not yet taken), failed, cancelled, deferred (the queue is down) or skipped."""
+        already, not yet taken), failed, cancelled, deferred (the queue is down) or skipped; and,
+        with ``release_leaked``, the budget reservations released."""
         counts = dict.fromkeys(
             ('recovered', 'republished', 'waiting', 'failed', 'cancelled', 'deferred', 'skipped'),
             0,
@@ -53,6 +57,12 @@ class Reaper:
             counts['recovered'] = self.queue.recover_orphans()
         except QueueUnavailableError:
             queue_up = False
+        if self.release_leaked is not None:
+            # Before the hand-overs: the next attempt of a dead worker's job finds the budget
+            # that worker's reservation held free again.
+            counts['reservations_released'] = self.release_leaked()
+            if counts['reservations_released']:
+                log_event('reaper.reservations_released', count=counts['reservations_released'])
         for job in self.lifecycle.find_expired_locks(self.reap_after_ms):
             outcome = self._reap(job, queue_up)
             queue_up = queue_up and outcome != 'deferred'

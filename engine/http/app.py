@@ -49,10 +49,12 @@ from ..execution.usage import usage_totals
 from . import history_view, json_body, stream, views
 from . import params as admin_jobs
 from .auth import TokenStore, bearer_token
+from .budget_views import BudgetEndpoints
 from .dashboard import Dashboard
 from .metrics_view import CONTENT_TYPE as METRICS_TYPE
 from .metrics_view import MetricsAccess, scrape
 from .openapi import allowed_methods, build_openapi
+from .openapi_budgets import budget_paths, budget_schemas
 from .openapi_dashboard import dashboard_paths
 from .openapi_push import push_paths, push_schemas
 from .webhook_views import WebhookEndpoints
@@ -507,11 +509,12 @@ class Api:
         job_types = sorted(d.job_type for d in runtime.registry.get_all())
         self.openapi = build_openapi(
             runtime.registry,
-            dict(push_paths(), **dashboard_paths()),
-            push_schemas(job_types),
+            dict(push_paths(), **dashboard_paths(), **budget_paths()),
+            dict(push_schemas(job_types), **budget_schemas(job_types)),
             prompt_versions=runtime.ai.prompt_versions,
         )
         self.push = WebhookEndpoints(runtime)
+        self.budgets = BudgetEndpoints(runtime)
         self.metrics_access = MetricsAccess(runtime.store, runtime.config.metrics_token)
 
     # -- auth
@@ -805,6 +808,23 @@ class Api:
             }
         )
 
+    # -- budgets in money (engine/gateway/budgets.py)
+    def admin_put_budget(self):
+        self.admin()
+        view, created = self.budgets.put(_json_body(self.max_body_bytes))
+        log_event('budget.saved', budget_id=view['budgetId'], created=created)
+        return reply(view, 201 if created else 200)
+
+    def admin_list_budgets(self):
+        self.admin()
+        return reply(self.budgets.list())
+
+    def admin_delete_budget(self, budget_id):
+        self.admin()
+        self.budgets.delete(budget_id)
+        log_event('budget.deleted', budget_id=budget_id)
+        return bottle.HTTPResponse(status=204)
+
     # -- operations
     def healthz(self):
         return reply({'status': 'ok'})
@@ -866,6 +886,9 @@ def create_app(runtime):
         ('GET', '/api/ai/credentials', api.list_credentials, True),
         ('DELETE', '/api/ai/credentials/<credential_id>', api.delete_credential, True),
         ('GET', '/admin-api/ai/usage', api.admin_usage, True),
+        ('PUT', '/admin-api/ai/budgets', api.admin_put_budget, True),
+        ('GET', '/admin-api/ai/budgets', api.admin_list_budgets, True),
+        ('DELETE', '/admin-api/ai/budgets/<budget_id>', api.admin_delete_budget, True),
         ('POST', '/api/ai/webhooks', api.create_webhook, True),
         ('GET', '/api/ai/webhooks', api.list_webhooks, True),
         ('GET', '/api/ai/webhooks/job-secret', api.webhook_job_secret, True),

@@ -15,6 +15,7 @@ from ..core.registry import QUEUE_NAMES
 from ..execution.usage import usage_totals
 from . import params as admin_jobs
 from . import views
+from .budget_views import budget_view
 
 CHART_WIDTH, CHART_HEIGHT = 720, 120
 LIVE_REFRESH_MS = 3000  # how often a page's live part is fetched again
@@ -239,4 +240,6 @@ def usage(runtime, params):
         until = runtime.store.clock()
         since = until - DEFAULT_USAGE_WINDOW
     values['since'], values['until'] = since, until
+    # Budgets in money against their current period's spend (engine/gateway/budgets.py).
+    values['budgets'] = [budget_view(*listed) for listed in runtime.budgets.listing()]
     return values
