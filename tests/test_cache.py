@@ -20,8 +20,11 @@ from engine.execution.providers import Credential, ProviderCall, ProviderRequest
 from engine.gateway.cache import CacheGuard
 from engine.http.metrics_view import scrape
 from engine.jobtypes.flashcards import FlashcardProjector, flashcard_definition
+from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
+from tests.support.cached_jobs import CACHED_CARDS
 from tests.support.fake_openai import error_reply, json_reply
 from tests.support.helpers import create_job, wait_until
+from tests.test_leader_processes import Worker
 from tests.test_metrics import parse, value
 
 CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'}]}
@@ -67,13 +70,16 @@ class CountingProjector(FlashcardProjector):
 
 @pytest.fixture
 def start(make_runtime, fake):
-    """``start()``: a runtime on the test backend with the fake provider, running its workers
-    (stopped at the end); several calls make several runtimes on one database (a restart)."""
+    """``start(**settings)``: a runtime on the test backend with the fake provider, running its
+    workers (stopped at the end); several calls make several runtimes on one database (a
+    restart, with other settings if given)."""
     started = []
 
-    def make():
+    def make(**settings):
         runtime = make_runtime(
-            registry=registry(), AIJOB_PROVIDER_BASE_URL=fake.base_url, **SETTINGS
+            registry=registry(),
+            AIJOB_PROVIDER_BASE_URL=fake.base_url,
+            **dict(SETTINGS, **settings),
         )
         runtime.projector = CountingProjector()
         runtime.ai.projectors.add(runtime.projector)
@@ -193,6 +199,23 @@ def test_an_expired_entry_misses_and_the_purger_removes_it(start, fake):
 
 def live_entries(runtime):
     return AiResponseCache.select().where(AiResponseCache.expires_at > runtime.store.now()).count()
+
+
+def test_a_cached_answer_that_fails_the_jobs_checks_is_removed(start, fake):
+    """A safety pattern added since the answer was cached blocks it: the job fails as it would
+    with the provider's answer, and the entry goes, so the next call asks the provider."""
+    runtime = start()
+    with runtime.store.connection():
+        run(runtime)
+    runtime.stop_background(timeout_s=5)
+    stricter = start(AIJOB_CONTENT_SAFETY_PATTERNS=r'["France\\?"]')  # in the output only
+    with stricter.store.connection():
+        job = run(stricter)
+        assert (job.lifecycle_status, job.error_code) == ('failed', 'CONTENT_SAFETY_BLOCKED')
+        assert (usage(job).cached, usage(job).error_code) == (True, 'CONTENT_SAFETY_BLOCKED')
+        assert AiResponseCache.select().count() == 0 and len(fake.requests) == 1
+        run(stricter)
+        assert len(fake.requests) == 2
 
 
 def test_no_cache_neither_reads_nor_writes_the_cache(start, fake):
@@ -319,3 +342,43 @@ def test_a_bad_cache_policy_stops_start_up(policy):
     with pytest.raises(InvalidDefinitionError):
         validate_definition(definition)
     validate_definition(dataclasses.replace(flashcard_definition(), cache=CachePolicy(1000)))
+
+
+def test_identical_jobs_on_two_worker_processes_make_one_provider_call(
+    make_runtime, backend, fake, tmp_path
+):
+    """Two ``python aijob.py worker`` processes (two threads each) on the shared store and Redis
+    run six identical jobs of three users while the provider takes its time: one call."""
+    require_servers('redis')
+    env = dict(
+        SETTINGS,
+        AIJOB_PROVIDER_BASE_URL=fake.base_url,
+        AIJOB_DEFINITIONS='tests.support.cached_jobs',
+        AIJOB_INTERACTIVE_CONCURRENCY='2',
+        AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',
+        AIJOB_DAILY_JOB_QUOTA='0',
+    )
+    fake.script(json_reply(CARDS, first_delay_s=1.0))
+    runtime = make_runtime(AIJOB_REDIS_URL=REDIS_URL, **env)
+    workers = [Worker(tmp_path, backend.env(AIJOB_REDIS_URL=REDIS_URL, **env)) for _ in range(2)]
+    try:
+        with runtime.store.connection():
+            jobs = [
+                create_job(
+                    runtime,
+                    job_type=CACHED_CARDS.job_type,
+                    user_id='user-%d' % (i % 3),
+                    input={'text': TEXT, 'maxCards': 3},
+                )
+                for i in range(6)
+            ]
+            done = [wait_terminal(job.id, timeout=40) for job in jobs]
+            assert [job.lifecycle_status for job in done] == ['succeeded'] * 6
+            assert len(fake.requests) == 1
+            assert sorted(usage(job).cached for job in done) == [False] + [True] * 5
+            ran_on = {job.locked_by.split(':')[2] for job in done}
+            assert len(ran_on) == 2, 'both worker processes ran some of the jobs'
+    finally:
+        for worker in workers:
+            worker.close()
+        delete_redis_keys(backend.prefix)

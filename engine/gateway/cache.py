@@ -38,6 +38,7 @@ NOTE = 'cache'  # the guard's key in ProviderCall.notes
 # to cover the PROJECT transaction that writes the entry.
 CLAIM_MARGIN_MS = 5_000
 POLL_S = 0.05  # how often a job waiting for an identical call looks for its entry
+_WAIT = object()  # another job's claim on the key is live
 # The parameters the OpenAI-compatible provider sends besides the model and the messages.
 RESPONSE_FORMAT = {'type': 'json_object'}
 # Failures of a cached output itself (it no longer passes the job's checks): its entry goes.
@@ -96,19 +97,28 @@ class CacheGuard(CallGuard):
         key = cache_key(call)
         timeout_ms = call.definition.execution.timeout_ms
         give_up_at = time.monotonic() + timeout_ms / 2000.0
-        with self._unit():
-            while True:
-                found = self._read(key)
-                if found is not None and found.live and found.output is not None:
-                    return self._hit(call, key, found)
-                if found is None or not found.live or found.owner_job_id == call.job.id:
-                    if self._claim(call, key, found, timeout_ms):
-                        return self._miss(call, key, 'claimed')
-                    continue  # another job claimed it first: wait for its answer
+        while True:
+            with self._unit():  # one unit per look: no connection is held while waiting
+                answer = self._look(call, key, timeout_ms)
+                if answer is not _WAIT:
+                    return answer
                 if time.monotonic() >= give_up_at:  # its call is slow: do not time out waiting
                     return self._miss(call, key, 'unclaimed')
                 self._check_cancel(call)
-                time.sleep(self.poll_s)
+            time.sleep(self.poll_s)
+
+    def _look(self, call, key, timeout_ms):
+        """The hit, None once this job holds the claim (a miss), or _WAIT while another job's
+        claim on the key is live."""
+        while True:
+            found = self._read(key)
+            if found is not None and found.live and found.output is not None:
+                return self._hit(call, key, found)
+            if found is not None and found.live and found.owner_job_id != call.job.id:
+                return _WAIT
+            if self._claim(call, key, found, timeout_ms):
+                return self._miss(call, key, 'claimed')
+            # another job claimed it between the read and the claim: look again
 
     def _read(self, key):
         live = (AiResponseCache.expires_at > self.store.now()).alias('live')

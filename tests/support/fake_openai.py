@@ -18,7 +18,8 @@ import pytest
 class Reply:
     """One scripted answer. ``status`` != 200 sends ``error_body`` as JSON with ``headers``;
     otherwise ``content`` is streamed in ``chunks`` pieces, ``delay_s`` apart, after
-    ``first_delay_s`` (which delays an error answer too); ``finish_reason`` None ends the stream without one (a broken upstream)."""
+    ``first_delay_s`` (which delays an error answer too); ``finish_reason`` None ends the
+    stream without one (a broken upstream)."""
 
     status: int = 200
     content: str = ''
