@@ -7,6 +7,7 @@ OpenAI-compatible server: a hit costs 0 and projects again; scope ``user`` keeps
 import base64
 import dataclasses
 import threading
+import time
 from decimal import Decimal
 
 import pytest
@@ -16,10 +17,13 @@ from engine.core.history import JobHistory
 from engine.core.lifecycle import TERMINAL
 from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiResponseCache, AiUsageLog
 from engine.core.registry import CachePolicy, JobDefinitionRegistry, validate_definition
+from engine.execution.engine import ExecutionEngine
 from engine.execution.providers import Credential, ProviderCall, ProviderRequest, Usage
+from engine.gateway import cache as cache_module
 from engine.gateway.cache import CacheGuard
 from engine.http.metrics_view import scrape
 from engine.jobtypes.flashcards import FlashcardProjector, flashcard_definition
+from engine.jobtypes.synthetic import synthetic_definition
 from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
 from tests.support.cached_jobs import CACHED_CARDS
 from tests.support.fake_openai import error_reply, json_reply
@@ -382,3 +386,35 @@ def test_identical_jobs_on_two_worker_processes_make_one_provider_call(
         for worker in workers:
             worker.close()
         delete_redis_keys(backend.prefix)
+
+
+def test_identical_jobs_of_one_batch_do_not_wait_for_each_other(make_engine_rt, monkeypatch):
+    """A worker thread runs a batch of jobs and commits their successes together at its end: a
+    job of the batch identical to an earlier one must not wait for that one's entry (it is this
+    thread's to commit), so it calls the provider itself. The synthetic provider, which keeps no
+    templates, is cached by its input."""
+    rt = make_engine_rt(dataclasses.replace(synthetic_definition(), cache=CachePolicy(60_000)))
+    waits = []
+    monkeypatch.setattr(cache_module, 'time', CountingSleep(waits))
+    ids = [create_job(rt, input={'output': {'n': 1}}).id for _ in range(3)]
+    statuses = ExecutionEngine(rt, 'worker-batch').execute_batch(ids)
+    assert statuses == {job_id: 'succeeded' for job_id in ids} and waits == []
+    assert [usage(AiJob.get_by_id(job_id)).cached for job_id in ids] == [False] * 3
+    [entry] = AiResponseCache.select()
+    assert entry.output == {'n': 1}
+    # The next job, in another batch, is answered from the entry.
+    [later] = [create_job(rt, input={'output': {'n': 1}}).id]
+    assert ExecutionEngine(rt, 'worker-next').execute_batch([later]) == {later: 'succeeded'}
+    assert usage(AiJob.get_by_id(later)).cached is True
+
+
+class CountingSleep:
+    """The cache module's ``time``, with each sleep (a wait for another job's entry) counted."""
+
+    def __init__(self, sleeps):
+        self.sleeps = sleeps
+        self.monotonic = time.monotonic
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        time.sleep(seconds)

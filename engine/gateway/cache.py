@@ -16,11 +16,13 @@ Identical jobs at once call the provider once (single-flight): the first inserts
 without output, owned by its job, expiring with the job's timeout); the others wait for the
 entry, polling the row, for at most half their own timeout, then call the provider themselves
 rather than time out. A claim whose owner failed is released at once; one whose worker died
-expires.
+expires. A job identical to an earlier one of its own worker thread's batch does not wait (the
+batch's successes commit together at its end): it calls the provider too.
 """
 
 import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -89,6 +91,11 @@ class CacheGuard(CallGuard):
         self.claim_margin_ms = claim_margin_ms
         # A pooled database gets a connection per unit of work; SQLite keeps the thread's own.
         self._unit = store.connection if store.dialect == 'mysql' else contextlib.nullcontext
+        # Keys whose provider answered here and whose entry waits for its job's commit, with
+        # the thread that will commit it: a worker thread runs a batch of jobs and commits
+        # their successes together, so a job of that batch must not wait for that entry.
+        self._answered = {}
+        self._answered_lock = threading.Lock()
 
     # ---------------------------------------------------------------- before the call
     def before(self, call):
@@ -115,6 +122,8 @@ class CacheGuard(CallGuard):
             if found is not None and found.live and found.output is not None:
                 return self._hit(call, key, found)
             if found is not None and found.live and found.owner_job_id != call.job.id:
+                if self._answered.get(key) == threading.get_ident():
+                    return self._miss(call, key, 'unclaimed')  # the entry waits for this thread
                 return _WAIT
             if self._claim(call, key, found, timeout_ms):
                 return self._miss(call, key, 'claimed')
@@ -186,8 +195,13 @@ class CacheGuard(CallGuard):
         """A claimed call that failed (or was deferred by a later guard) gives the key up at
         once, so the jobs waiting for it do not wait for the claim to expire."""
         note = call.notes.get(NOTE)
-        if failure is not None and note is not None and note.state == 'claimed':
+        if note is None or note.state != 'claimed':
+            return
+        if failure is not None:
             self._guarded_release(call, note)
+        else:
+            with self._answered_lock:
+                self._answered[note.key] = threading.get_ident()
 
     def settle(self, call, usage, cost, error_code):
         """In the transaction of the call's usage row: the entry of a successful call (when
@@ -197,6 +211,9 @@ class CacheGuard(CallGuard):
         note = call.notes.get(NOTE)
         if note is None:
             return
+        if note.state == 'claimed':
+            with self._answered_lock:
+                self._answered.pop(note.key, None)
         committing = error_code is None and self.store.in_transaction()
         if note.state == 'hit':
             if committing:
