@@ -147,7 +147,7 @@ def test_a_hit_costs_nothing_and_projects_again(start, fake):
         assert (paid.cached, Decimal(paid.cost)) == (False, Decimal('0.092'))
         assert (free.cached, Decimal(free.cost), free.error_code) == (True, Decimal(0), None)
         assert (free.provider, free.model) == ('openai', 'fake-model')
-        assert (free.prompt_tokens, free.completion_tokens) == (11, 7)  # what the answer cost
+        assert (free.prompt_tokens, free.completion_tokens) == (0, 0)  # nothing was used
         # The same validation and projection as a provider's answer: the projector ran for
         # both jobs, and each has its own artifacts with the same content.
         assert runtime.projector.projected == [first.id, second.id]
@@ -156,6 +156,13 @@ def test_a_hit_costs_nothing_and_projects_again(start, fake):
         assert 'cache_hit' in kinds(runtime, second) and 'cache_hit' not in kinds(runtime, first)
         [event] = [e for e in JobHistory(runtime.store).list(second.id) if e.kind == 'cache_hit']
         assert event.admin()['detail']['sourceJobId'] == first.id
+        assert event.public()['detail'] == {
+            'scope': 'user',
+            'provider': 'openai',
+            'model': 'fake-model',
+            'savedPromptTokens': 11,
+            'savedCompletionTokens': 7,
+        }
         assert 'sourceJobId' not in event.public()['detail']
         assert counter(runtime, 'aijob_cache_hits_total', USER_TYPE) == hits + 1
         assert counter(runtime, 'aijob_cache_misses_total', USER_TYPE) == misses + 1

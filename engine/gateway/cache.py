@@ -54,6 +54,7 @@ class _Note:
     key: str
     state: str  # 'hit' | 'claimed' (this job calls the provider for the key) | 'unclaimed'
     source_job_id: Optional[str] = None  # a hit: the job whose answer it reuses
+    saved: Optional[Usage] = None  # a hit: the tokens that answer took (none are used now)
 
 
 def cache_key(call):
@@ -174,10 +175,11 @@ class CacheGuard(CallGuard):
         return updated == 1
 
     def _hit(self, call, key, found):
-        call.notes[NOTE] = _Note(key, 'hit', found.owner_job_id)
+        saved = Usage(found.prompt_tokens, found.completion_tokens)
+        call.notes[NOTE] = _Note(key, 'hit', found.owner_job_id, saved)
         metrics.cache_lookup(call.job.job_type, hit=True)
-        usage = Usage(found.prompt_tokens, found.completion_tokens)
-        return ProviderResult(output=found.output, usage=usage, model=found.model or call.model)
+        # No tokens used: the usage row (and every guard's settle) sees a call that cost nothing.
+        return ProviderResult(output=found.output, usage=Usage(), model=found.model or call.model)
 
     def _miss(self, call, key, state):
         call.notes[NOTE] = _Note(key, state)
@@ -253,6 +255,8 @@ class CacheGuard(CallGuard):
             'provider': call.provider_key,
             'model': call.model,
             'sourceJobId': note.source_job_id,
+            'savedPromptTokens': note.saved.prompt_tokens,
+            'savedCompletionTokens': note.saved.completion_tokens,
         }
         insert_events(self.store, [NewEvent(call.job.id, CACHE_HIT, call.job.attempt_no, detail)])
 
