@@ -120,6 +120,7 @@ CREATE TABLE IF NOT EXISTS `ai_usage_log` (
   `cost` DECIMAL(14, 6) NOT NULL,
   `latency_ms` INTEGER NOT NULL,
   `error_code` VARCHAR(64) NULL,
+  `cached` TINYINT(1) NOT NULL DEFAULT 0,       -- answered by the response cache, cost 0
   `created_at` DATETIME(6) NOT NULL,
   PRIMARY KEY (`id`),
   KEY `ai_usage_log_job_id` (`job_id`),
@@ -266,4 +267,23 @@ CREATE TABLE IF NOT EXISTS `ai_budget_reservation` (
   PRIMARY KEY (`id`),
   KEY `ai_budget_reservation_job_id` (`job_id`),
   KEY `ai_budget_reservation_created_at` (`created_at`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- The response cache (engine/gateway/cache.py), opt-in per job definition. One row per cache key
+-- (SHA-256 of provider, model, prompt, rendered messages, sampling, output schema version and,
+-- in scope 'user', the user). A row without output is a claim: its owner job is calling the
+-- provider and identical jobs wait for its answer until the claim expires. The purger deletes
+-- expired rows.
+CREATE TABLE IF NOT EXISTS `ai_response_cache` (
+  `cache_key` VARCHAR(64) NOT NULL,
+  `job_type` VARCHAR(64) NOT NULL,
+  `owner_job_id` VARCHAR(36) NOT NULL,
+  `output` LONGTEXT NULL,                       -- the validated output; NULL while claimed
+  `model` VARCHAR(128) NOT NULL,
+  `prompt_tokens` INTEGER NOT NULL,
+  `completion_tokens` INTEGER NOT NULL,
+  `created_at` DATETIME(6) NOT NULL,
+  `expires_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`cache_key`),
+  KEY `ai_response_cache_expires_at` (`expires_at`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;

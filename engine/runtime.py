@@ -27,6 +27,7 @@ from .dispatch.workers import Worker
 from .execution.plugins import PluginApp, load_plugin
 from .execution.services import build_ai_services
 from .execution.webhook_signing import WebhookSigner
+from .gateway import cache as response_cache
 from .gateway.budgets import install_budgets
 from .gateway.wiring import install as install_gateway
 
@@ -128,6 +129,10 @@ class Runtime:
         )
         self.service.webhooks = self.webhooks
         self.service.webhook_policy = self.webhook_policy
+        # The response cache (issue 21): its guard when a definition opts in; its expired
+        # entries purged in any case (a definition may have opted out since they were written).
+        response_cache.install_cache(self.ai, self.registry, self.store)
+        self.purger.more['cache_entries'] = response_cache.purge_expired
         self.webhook_fanout = WebhookFanout(
             self.outbox, self.webhooks, self.store, self.instance_id
         )

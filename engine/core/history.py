@@ -27,6 +27,7 @@ SUCCEEDED = 'succeeded'
 FAILED = 'failed'
 CANCELLED = 'cancelled'
 RETRIED = 'retried'  # an admin made a new job from this finished one (its id in the detail)
+CACHE_HIT = 'cache_hit'  # the response cache answered a call (written with the success)
 KINDS = (
     CREATED,
     DISPATCHED,
@@ -37,6 +38,7 @@ KINDS = (
     WORKER_LOST,
     PROGRESS,
     CANCEL_REQUESTED,
+    CACHE_HIT,
     SUCCEEDED,
     FAILED,
     CANCELLED,
@@ -46,7 +48,8 @@ KINDS = (
 PROGRESS_STEP = 10
 
 # Detail keys only an admin sees: which process did it, and error text not meant for users.
-ADMIN_ONLY = frozenset(('worker', 'dispatcher', 'internalMessage'))
+# ``sourceJobId`` (the job whose answer a cache hit reused) may be another user's job.
+ADMIN_ONLY = frozenset(('worker', 'dispatcher', 'internalMessage', 'sourceJobId'))
 _INSERT = 'INSERT INTO ai_job_event (job_id, kind, attempt_no, detail, created_at) VALUES '
 _ROW = '(%s, %s, %s, %s, {now})'
 

@@ -123,6 +123,19 @@ HTTP_LATENCY = Family(
     ('method', 'route'),
     buckets=HTTP_BUCKETS,
 )
+# The response cache (engine/gateway/cache.py): lookups of job types that opt in.
+CACHE_HITS = Family(
+    Counter,
+    'aijob_cache_hits',
+    'Provider calls answered by the response cache (after waiting for an identical call too).',
+    ('job_type',),
+)
+CACHE_MISSES = Family(
+    Counter,
+    'aijob_cache_misses',
+    'Response cache lookups that found no live entry, so the provider was called.',
+    ('job_type',),
+)
 
 FAMILIES = (
     JOBS_CREATED,
@@ -136,6 +149,8 @@ FAMILIES = (
     PROVIDER_COST,
     HTTP_REQUESTS,
     HTTP_LATENCY,
+    CACHE_HITS,
+    CACHE_MISSES,
 )
 
 
@@ -171,6 +186,11 @@ def provider_call(provider, model, error_code, seconds, usage=None, cost=None):
             PROVIDER_TOKENS.child(provider, model, 'completion').inc(usage.completion_tokens)
     if cost:
         PROVIDER_COST.child(provider, model).inc(float(cost))
+
+
+def cache_lookup(job_type, hit):
+    """One response-cache lookup of a call: answered from the cache (``hit``) or not."""
+    (CACHE_HITS if hit else CACHE_MISSES).child(job_type).inc()
 
 
 def http_request(method, route, status, seconds):

@@ -17,6 +17,7 @@ import peewee
 from peewee import (
     BigAutoField,
     BigIntegerField,
+    BooleanField,
     CharField,
     DateTimeField,
     DecimalField,
@@ -228,6 +229,7 @@ class AiUsageLog(BaseModel):
     cost = DecimalField(max_digits=14, decimal_places=6, default=0)
     latency_ms = IntegerField(default=0)
     error_code = CharField(max_length=64, null=True)
+    cached = BooleanField(default=False)  # answered by the response cache: no provider call
     created_at = Timestamp()
 
     class Meta:
@@ -422,6 +424,27 @@ class AiBudgetReservation(BaseModel):
         indexes = ((('job_id',), False), (('created_at',), False))
 
 
+class AiResponseCache(BaseModel):
+    """The response cache (engine/gateway/cache.py): one row per cache key. A row without
+    ``output`` is a claim: job ``owner_job_id`` is calling the provider for that key, and
+    identical jobs wait for its answer until ``expires_at`` (the claim's expiry). A row with
+    ``output`` is an entry, live until ``expires_at``; the purger deletes expired rows."""
+
+    cache_key = CharField(max_length=64, primary_key=True)  # SHA-256 hex of the request
+    job_type = CharField(max_length=64)
+    owner_job_id = CharField(max_length=36)  # the job that claimed the key or wrote the entry
+    output = JSONText(null=True)  # NULL while claimed
+    model = CharField(max_length=128, default='')  # the model that answered
+    prompt_tokens = IntegerField(default=0)
+    completion_tokens = IntegerField(default=0)
+    created_at = Timestamp()
+    expires_at = Timestamp()
+
+    class Meta:
+        table_name = 'ai_response_cache'
+        indexes = ((('expires_at',), False),)  # the purge of expired rows
+
+
 MODELS = (
     AiJob,
     AiJobSnapshot,
@@ -439,6 +462,7 @@ MODELS = (
     AiBudget,
     AiBudgetSpend,
     AiBudgetReservation,
+    AiResponseCache,
 )
 
 

@@ -26,6 +26,8 @@ ABORT_STRATEGIES = ('fail', 'retry')
 JOB_TYPE_PATTERN = re.compile(r'^[a-z][a-z0-9_]{1,63}$')
 MIN_TIMEOUT_MS, MAX_TIMEOUT_MS = 1_000, 600_000
 MAX_RETRIES = 10
+CACHE_SCOPES = ('user', 'global')
+MAX_CACHE_TTL_MS = 30 * 24 * 3600 * 1000  # a cached answer older than a month is stale anyway
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,23 @@ def validate_definition(d):
     _validate_retry_policy(d)
     _validate_credential_policy(d)
     _validate_descriptive_fields(d)
+    _validate_cache_policy(d)
+
+
+def _validate_cache_policy(d):
+    cache = d.cache
+    if cache is None:
+        return
+    if not isinstance(cache, CachePolicy):
+        raise InvalidDefinitionError('%s: cache must be a CachePolicy' % d.job_type)
+    if not _is_int(cache.ttl_ms) or not 1 <= cache.ttl_ms <= MAX_CACHE_TTL_MS:
+        raise InvalidDefinitionError(
+            '%s: cache.ttlMs %r must be 1..%d' % (d.job_type, cache.ttl_ms, MAX_CACHE_TTL_MS)
+        )
+    if cache.scope not in CACHE_SCOPES:
+        raise InvalidDefinitionError(
+            '%s: cache.scope must be one of %s' % (d.job_type, ', '.join(CACHE_SCOPES))
+        )
 
 
 def _validate_retry_policy(d):

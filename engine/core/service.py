@@ -34,6 +34,7 @@ OVERRIDE_FIELDS = (
     'credentialId',
     'promptVersion',
     'outputSchemaVersion',
+    'noCache',  # true: the response cache is neither read nor written for this job
 )
 DEFAULT_SNAPSHOT_TTL_MS = 30 * 24 * 3600 * 1000
 BULK_RETRY_LIMIT = 500  # new jobs one bulk retry creates at most; run it again for more
@@ -468,6 +469,8 @@ def _validate_overrides(definition, overrides):
     for name in ('promptVersion', 'outputSchemaVersion'):
         if name in result:
             _require_text(result[name], 'overrides.' + name, 32)
+    if not isinstance(result.get('noCache', False), bool):
+        raise InvalidRequestError('overrides.noCache must be a boolean', field='overrides.noCache')
     return result
 
 

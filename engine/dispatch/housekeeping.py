@@ -170,7 +170,8 @@ class Purger:
     input snapshots of finished jobs past their ``expires_at`` (contracts §8.4), outbox events
     published or dead longer than ``retention.outbox_ms`` ago, the history rows of jobs finished
     longer than ``retention.history_ms`` ago, and webhook deliveries delivered or dead longer than
-    ``retention.webhook_ms`` ago."""
+    ``retention.webhook_ms`` ago. ``more`` ({name: purge(limit) -> rows deleted}) holds the purges
+    the runtime adds from higher layers (the gateway's expired cache entries)."""
 
     def __init__(self, service, outbox, history, webhooks, retention, batch_size=1000):
         self.service = service
@@ -179,6 +180,7 @@ class Purger:
         self.webhooks = webhooks
         self.retention = retention
         self.batch_size = batch_size
+        self.more = {}
 
     def sweep(self):
         """One pass, until every table is clean; returns how many rows of each went."""
@@ -191,6 +193,8 @@ class Purger:
                 lambda: self.webhooks.purge_finished(keep.webhook_ms, size)
             ),
         }
+        for name, purge in self.more.items():
+            counts[name] = _drain(lambda purge=purge: purge(size))
         if any(counts.values()):
             log_event('housekeeping.purged', **counts)
         return counts

@@ -363,6 +363,7 @@ class ExecutionEngine:
             credential=resolved.credential,
             model=resolved.model,
             prompt_version=a.job.prompt_version,
+            overrides=(a.snapshot or {}).get('overrides') or {},
         )
         call = self.ai.gateway.prepare_call(a, resolved, request)
         request.model = call.model
@@ -431,6 +432,7 @@ class ExecutionEngine:
             for guard in passed:
                 guard.after(call, getattr(exc, 'usage', None), exc)
             raise
+        call.result = result
         for guard in passed:
             guard.after(call, result.usage, None)
         return result
@@ -605,7 +607,9 @@ class ExecutionEngine:
         usage = usage or Usage()
         key = call.provider_key
         cost = Decimal(0) if call.cached else self.ai.pricing.cost(key, call.model, usage)
-        record_usage(a.job, call.call_no, key, call.model, usage, cost, latency_ms, error_code)
+        record_usage(
+            a.job, call.call_no, key, call.model, usage, cost, latency_ms, error_code, call.cached
+        )
         for guard in self.ai.guards:
             guard.settle(call, usage, cost, error_code)
 

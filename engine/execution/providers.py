@@ -50,6 +50,7 @@ class ProviderRequest:
     model: Optional[str] = None
     prompt_version: Optional[str] = None
     max_tokens: Optional[int] = None  # the completion cap to send, when the route entry has one
+    overrides: dict = field(default_factory=dict)  # the job's create-time overrides (noCache)
 
 
 @dataclass
@@ -116,6 +117,7 @@ class ProviderCall:
     price: object = None  # usage.Price of this provider/model
     limits: object = None  # the entry's rate limits (rpm, tpm), or None
     has_next_entry: bool = False  # may the route move on to another entry?
+    result: Optional[ProviderResult] = None  # what answered the call, once it has answered
 
     @property
     def provider_key(self):

@@ -132,15 +132,18 @@ GROUPS = {'user': ('userId', AiUsageLog.user_id), 'job_type': ('jobType', AiUsag
 
 INSERT_USAGE = (
     'INSERT INTO ai_usage_log (job_id, user_id, job_type, attempt_no, call_no, credential_mode, '
-    'provider, model, prompt_tokens, completion_tokens, cost, latency_ms, error_code, created_at) '
-    'VALUES '
+    'provider, model, prompt_tokens, completion_tokens, cost, latency_ms, error_code, cached, '
+    'created_at) VALUES '
 )
-USAGE_ROW = '(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {now})'
+USAGE_ROW = '(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {now})'
 
 
-def record_usage(job, call_no, provider, model, usage, cost, latency_ms, error_code=None):
+def record_usage(
+    job, call_no, provider, model, usage, cost, latency_ms, error_code=None, cached=False
+):
     """Write the row for provider call ``call_no`` of ``job``, made in its attempt
-    ``job.attempt_no``; ``usage`` is a providers.Usage. Runs on
+    ``job.attempt_no``; ``usage`` is a providers.Usage; ``cached``: the response cache answered
+    the call (its tokens are the cached answer's, its cost 0). Runs on
     the caller's connection, inside its transaction if it has one (the engine writes the row
     of a successful call in the PROJECT transaction)."""
     insert_row(
@@ -160,6 +163,7 @@ def record_usage(job, call_no, provider, model, usage, cost, latency_ms, error_c
             AiUsageLog.cost.db_value(cost),
             int(latency_ms),
             error_code,
+            bool(cached),
         ),
     )
 

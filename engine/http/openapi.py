@@ -426,6 +426,11 @@ def _overrides(definition, prompt_versions, text, nullable):
             if prompt_versions is None
             else {'enum': prompt_versions + [None]},
             'outputSchemaVersion': nullable(dict(text, maxLength=32)),
+            'noCache': {
+                'type': ['boolean', 'null'],
+                'description': 'true: the response cache (a job type that opts in) is neither '
+                'read nor written for this job.',
+            },
         },
     }
     if USER_KEY_MODE in modes:

@@ -20,7 +20,8 @@ import pytest
 class Reply:
     """One scripted answer. ``status`` != 200 sends ``error_body`` as JSON with ``headers``;
     otherwise ``content`` is streamed in ``chunks`` pieces, ``delay_s`` apart, after
-    ``first_delay_s``; ``finish_reason`` None ends the stream without one (a broken upstream)."""
+    ``first_delay_s`` (which delays an error answer too); ``finish_reason`` None ends the
+    stream without one (a broken upstream)."""
 
     status: int = 200
     content: str = ''
@@ -119,6 +120,7 @@ def _handler_for(fake):
             body['_headers'] = {name.lower(): value for name, value in self.headers.items()}
             reply = fake.next_reply(body)
             if reply.status != 200:
+                time.sleep(reply.first_delay_s)  # a slow error: the server thought first
                 return self._send_json(reply.status, reply.error_body or {}, reply.headers)
             if not body.get('stream'):
                 return self._send_json(200, _completion(body, reply), reply.headers)
