@@ -25,6 +25,7 @@ from .dispatch.workers import Worker
 from .execution.plugins import PluginApp, load_plugin
 from .execution.services import build_ai_services
 from .execution.webhook_signing import WebhookSigner
+from .gateway.ratelimits import install_rate_limits
 
 # The job types every process has; they register through the same entry point as users' own.
 BUILTIN_JOB_TYPES = ('engine.jobtypes.synthetic', 'engine.jobtypes.flashcards')
@@ -80,6 +81,10 @@ class Runtime:
         # Per-user limits and platform availability, checked before a job is written (§7.3).
         self.service.admission = Admission.from_config(config, self.store, self.ai)
         self.queue = open_queue(config)
+        # Provider rate limits (AIJOB_RATE_LIMITS), in Redis when the queue is there.
+        install_rate_limits(
+            self.ai, config, self.store, (lambda: self.queue.redis) if config.uses_redis else None
+        )
         self.dispatcher = OutboxDispatcher(
             self.outbox,
             self.queue,

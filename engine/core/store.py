@@ -20,7 +20,10 @@ from .errors import ConfigError, StoreUnavailableError
 from .models import MODELS, database
 
 # Columns added to a table after it first shipped: (table, column, DDL valid on both dialects).
-ADDED_COLUMNS = (('ai_usage_log', 'call_no', 'INTEGER NOT NULL DEFAULT 1'),)
+ADDED_COLUMNS = (
+    ('ai_usage_log', 'call_no', 'INTEGER NOT NULL DEFAULT 1'),
+    ('ai_job', 'defer_count', 'INTEGER NOT NULL DEFAULT 0'),  # deferrals (lifecycle.defer)
+)
 # Indexes that came later, likewise: (table, index name, columns).
 ADDED_INDEXES = (
     ('ai_job', 'ai_job_finished_at', 'finished_at'),
