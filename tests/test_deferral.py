@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from engine.core.errors import JobDeferred, JobLockConflictError
+from engine.core.errors import IllegalTransitionError, JobDeferred, JobLockConflictError
 from engine.core.models import AiJob, AiJobEvent, AiUsageLog, OutboxEvent
 from engine.core.outbox import WAKE_EVENT
 from engine.execution.engine import DEFERRED, ExecutionEngine
@@ -154,7 +154,7 @@ def test_cancel_while_deferred_ends_the_job_cancelled_at_once(deferring_rt):
     terminal = OutboxEvent.select().where(OutboxEvent.event_type == 'ai.job.cancelled')
     assert [e.aggregate_id for e in terminal] == [job.id]
     # Its wake-up, when it comes, finds nothing to run.
-    with pytest.raises(Exception):
+    with pytest.raises(IllegalTransitionError):
         rt.lifecycle.lock_job(job.id, 'worker-b')
 
 
@@ -227,7 +227,7 @@ def test_a_wake_up_whose_process_died_before_pushing_it_is_pushed_by_the_dispatc
     assert status == DEFERRED
     rt.queue.ack(delivery)
     [wake] = OutboxEvent.select().where(OutboxEvent.event_type == WAKE_EVENT)
-    assert (wake.status, wake.locked_by) == ('processing', 'worker-a')
+    assert (wake.status, wake.locked_by, wake.aggregate_id) == ('processing', 'worker-a', job.id)
     assert rt.dispatcher.cycle() == 0  # claimed by its (dead) process
     time.sleep(int(FAST_SETTINGS['AIJOB_OUTBOX_LOCK_TTL_MS']) / 1000.0 + 0.1)
     assert rt.dispatcher.release_expired() == 1

@@ -95,6 +95,11 @@ local rpm, tpm = tonumber(ARGV[3]), tonumber(ARGV[4])
 local counted, late, book = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
 local log, weights = KEYS[1], KEYS[2]
 
+-- the running total of tokens ('-0', Lua's negative zero, is no integer to Redis)
+local function add(n)
+  if n ~= 0 then redis.call('HINCRBY', weights, '#sum', n) end
+end
+
 local function drop(members)
   if #members == 0 then return end
   local gone = 0
@@ -102,7 +107,7 @@ local function drop(members)
   for i = 1, #members do gone = gone + (tonumber(w[i]) or 0) end
   redis.call('ZREM', log, unpack(members))
   redis.call('HDEL', weights, unpack(members))
-  redis.call('HINCRBY', weights, '#sum', -gone)
+  add(-gone)
 end
 
 while true do
@@ -111,16 +116,16 @@ while true do
   drop(old)
 end
 
-local function keep(until)
-  redis.call('PEXPIRE', log, until - now + counted + 1000)
-  redis.call('PEXPIRE', weights, until - now + counted + 1000)
+local function keep(last_slot)
+  redis.call('PEXPIRE', log, last_slot - now + counted + 1000)
+  redis.call('PEXPIRE', weights, last_slot - now + counted + 1000)
 end
 
 local function take(at)
   local name = member .. '@' .. at
   redis.call('ZADD', log, at, name)
   redis.call('HSET', weights, name, tokens)
-  redis.call('HINCRBY', weights, '#sum', tokens)
+  add(tokens)
   return name
 end
 
@@ -133,7 +138,7 @@ if booked then
     local w = tonumber(redis.call('HGET', weights, member)) or 0
     redis.call('ZREM', log, member)
     redis.call('HDEL', weights, member)
-    redis.call('HINCRBY', weights, '#sum', -w)
+    add(-w)
     local name = take(booked)
     keep(now)
     return {0, name}
@@ -179,7 +184,7 @@ end
 if book then
   redis.call('ZADD', log, at, member)
   redis.call('HSET', weights, member, tokens)
-  redis.call('HINCRBY', weights, '#sum', tokens)
+  add(tokens)
   keep(at)
 end
 return {at - now, ''}
@@ -189,14 +194,16 @@ return {at - now, ''}
 _SETTLE = """
 local old = redis.call('HGET', KEYS[2], ARGV[1])
 if not old then return 0 end
+local change
 if ARGV[2] == '' then
   redis.call('ZREM', KEYS[1], ARGV[1])
   redis.call('HDEL', KEYS[2], ARGV[1])
-  redis.call('HINCRBY', KEYS[2], '#sum', -tonumber(old))
-  return 1
+  change = -tonumber(old)
+else
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+  change = tonumber(ARGV[2]) - tonumber(old)
 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('HINCRBY', KEYS[2], '#sum', tonumber(ARGV[2]) - tonumber(old))
+if change ~= 0 then redis.call('HINCRBY', KEYS[2], '#sum', change) end
 return 1
 """
 
