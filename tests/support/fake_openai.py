@@ -3,6 +3,7 @@ included), scripted per test: each request takes the next scripted Reply (the la
 It records every request and whether the client closed a streaming connection early."""
 
 import json
+import math
 import select
 import socket
 import threading
@@ -49,6 +50,10 @@ class FakeOpenAI:
         self.client_closed = threading.Event()  # a client hung up mid-stream
         self._replies = [json_reply({'ok': True})]
         self._lock = threading.Lock()
+        # The rate-limit mode (limit_rate): the arrival times of the requests it answered.
+        self._limit = None
+        self.answered_at = []
+        self.over_limit = 0  # requests that came beyond the limit (each answered 429)
         self._server = ThreadingHTTPServer(('127.0.0.1', 0), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -71,6 +76,29 @@ class FakeOpenAI:
         with self._lock:
             self._replies = list(replies)
 
+    def limit_rate(self, requests, window_s):
+        """Answer at most ``requests`` requests within any ``window_s`` (a sliding window over
+        arrivals, as OpenAI's per-minute limits); one beyond it gets 429 with ``Retry-After``
+        and is counted in ``over_limit``."""
+        with self._lock:
+            self._limit = (requests, window_s)
+
+    def admit(self):
+        """None when this request is within the limit (it is counted), else the seconds until
+        the window has room."""
+        with self._lock:
+            now = time.monotonic()
+            if self._limit is None:
+                self.answered_at.append(now)
+                return None
+            requests, window_s = self._limit
+            recent = [t for t in self.answered_at[-requests:] if t > now - window_s]
+            if len(recent) >= requests:
+                self.over_limit += 1
+                return recent[0] + window_s - now
+            self.answered_at.append(now)
+            return None
+
     def next_reply(self, body):
         with self._lock:
             self.requests.append(body)
@@ -88,6 +116,9 @@ def _handler_for(fake):
             length = int(self.headers.get('Content-Length') or 0)
             body = json.loads(self.rfile.read(length) or b'{}')
             body['_headers'] = {name.lower(): value for name, value in self.headers.items()}
+            wait_s = fake.admit()
+            if wait_s is not None:
+                return self._send_json(429, _RATE_LIMITED, {'Retry-After': str(math.ceil(wait_s))})
             reply = fake.next_reply(body)
             if reply.status != 200:
                 return self._send_json(reply.status, reply.error_body or {}, reply.headers)
@@ -171,6 +202,17 @@ def _events(body, reply):
         )
     events.append((0.0, '[DONE]'))
     return events
+
+
+# OpenAI's body of a 429 for a request-rate limit.
+_RATE_LIMITED = {
+    'error': {
+        'message': 'Rate limit reached for requests per min (RPM). Please try again later.',
+        'type': 'requests',
+        'param': None,
+        'code': 'rate_limit_exceeded',
+    }
+}
 
 
 def _chunk(model, delta, finish_reason):
