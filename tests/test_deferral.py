@@ -12,8 +12,10 @@ import pytest
 from engine.core.errors import IllegalTransitionError, JobDeferred, JobLockConflictError
 from engine.core.models import AiJob, AiJobEvent, AiUsageLog, OutboxEvent
 from engine.core.outbox import WAKE_EVENT
+from engine.dispatch.scrape import StateCollector
 from engine.execution.engine import DEFERRED, ExecutionEngine
 from engine.execution.providers import CallGuard
+from engine.http.dashboard_pages import overview
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 
@@ -190,6 +192,12 @@ def test_a_long_deferral_is_left_alone_by_the_reaper(deferring_rt):
     assert counts['republished'] == counts['failed'] == counts['skipped'] == 0
     row = AiJob.get_by_id(job.id)
     assert (row.lifecycle_status, row.locked_by, row.attempt_no) == ('running', None, 1)
+    # The operators see it waiting, not lost, and its wake-up is not an outbox backlog.
+    page = overview(rt)
+    assert [j.id for j in page['deferred']] == [job.id] and page['lost'] == []
+    rt.dispatcher.marks.flush()  # the create's own event, pushed at once, marked published
+    [_, _, oldest] = StateCollector(rt.store, rt.queue)._outbox()
+    assert oldest.samples[0].value == 0.0
 
 
 def test_a_deferred_job_survives_its_worker_stopping(deferring_rt, make_runtime, backend):
