@@ -99,7 +99,8 @@ def test_waiting_calls_get_their_own_slots_in_order_and_take_them_when_they_come
     d = window.reserve('p/m', 'd', 0, two, book=True).wait_ms
     e = window.reserve('p/m', 'e', 0, two, book=True).wait_ms
     # c and d take the slots a and b leave; e the one c leaves: one wake-up per opening.
-    assert 250 <= c <= 300 and 250 <= d <= 300 and 550 <= e <= 600
+    # (Bounds loose by 100 ms: a loaded machine may take that long between the calls.)
+    assert 150 <= c <= 300 and 150 <= d <= 300 and 200 <= e - c <= 300
     early = window.reserve('p/m', 'c', 0, two, book=True)
     assert 0 < early.wait_ms <= c  # too early: still its own slot, not a new one
     time.sleep(c / 1000.0)
@@ -238,3 +239,20 @@ def test_jobs_over_the_limit_wait_their_turn_and_no_window_sees_more_than_the_li
     calls.sort()
     assert len(calls) == 10
     assert all(calls[i + 3] - calls[i] >= 0.6 for i in range(len(calls) - 3))
+
+
+def test_the_shared_log_lives_until_its_last_booked_slot_has_left_the_window():
+    require_servers('redis')
+    prefix = 'aijob-test-rl-%s' % uuid.uuid4().hex[:8]
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        window = RedisWindow(client, prefix, 300, 50)
+        waits = [window.reserve('p/m', 'j%d' % i, 0, Limits(rpm=1), book=True) for i in range(6)]
+        last_ms = waits[-1].wait_ms
+        assert last_ms >= 1400  # five slots booked one window apart
+        window.reserve('p/m', 'late-comer', 0, Limits(rpm=1), book=False)
+        for key in window.keys('p/m'):
+            assert client.pttl(key) >= last_ms + 300
+    finally:
+        client.close()
+        delete_redis_keys(prefix)

@@ -116,7 +116,10 @@ while true do
   drop(old)
 end
 
-local function keep(last_slot)
+-- the keys live until the last slot given out has left its window
+local function keep()
+  local tail = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+  local last_slot = math.max(now, tonumber(tail[2]) or now)
   redis.call('PEXPIRE', log, last_slot - now + counted + 1000)
   redis.call('PEXPIRE', weights, last_slot - now + counted + 1000)
 end
@@ -140,7 +143,7 @@ if booked then
     redis.call('HDEL', weights, member)
     add(-w)
     local name = take(booked)
-    keep(now)
+    keep()
     return {0, name}
   end
   drop({member})  -- too late for its slot: it queues again
@@ -178,14 +181,14 @@ end
 
 if at <= now then
   local name = take(now)
-  keep(now)
+  keep()
   return {0, name}
 end
 if book then
   redis.call('ZADD', log, at, member)
   redis.call('HSET', weights, member, tokens)
   add(tokens)
-  keep(at)
+  keep()
 end
 return {at - now, ''}
 """ % {'batch': _TRIM_BATCH}
