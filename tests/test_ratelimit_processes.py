@@ -94,3 +94,42 @@ def test_three_workers_never_call_a_provider_over_its_limit_and_keep_to_its_rate
     assert deferrals >= JOBS - LIMIT  # every job past the first window waited without a thread
     assert abs(steady - limit_rate) <= 0.15 * limit_rate
     assert all(w.proc.poll() is None for w in workers)
+
+
+@pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
+def test_a_job_deferred_by_a_worker_killed_9_is_woken_by_another(
+    make_runtime,
+    backend,
+    spawn,  # noqa: F811
+):
+    env = dict(
+        FAST_SETTINGS,
+        AIJOB_RATE_LIMITS=json.dumps({'synthetic/synthetic-1': {'rpm': 1}}),
+        AIJOB_RATE_LIMIT_WINDOW_MS='3000',
+        AIJOB_RATE_LIMIT_MARGIN_MS='100',
+        AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',
+        AIJOB_DAILY_JOB_QUOTA='0',
+    )
+    rt = make_runtime(**env)
+    doomed = spawn(backend.env(**env))
+    with rt.store.connection():
+        first, second = create_job(rt, user_id='a'), create_job(rt, user_id='b')
+
+        def deferred():
+            return AiJobEvent.select().where(AiJobEvent.kind == 'deferred').first()
+
+        waiting = wait_until(deferred, timeout=20).job_id
+        doomed.kill()  # with the wake-up it claimed, before its time
+        spawn(backend.env(**env))  # its claim expires and this one's dispatcher pushes it
+        for job in (first, second):
+            wait_until(
+                lambda job=job: AiJob.get_by_id(job.id).lifecycle_status == 'succeeded',
+                timeout=30,
+            )
+        woken = AiJob.get_by_id(waiting)
+        assert (woken.defer_count, woken.retry_count, woken.attempt_no) == (1, 0, 2)
+        kinds = [
+            e.kind
+            for e in AiJobEvent.select().where(AiJobEvent.job_id == waiting).order_by(AiJobEvent.id)
+        ]
+        assert 'worker_lost' not in kinds and kinds[-3:] == ['deferred', 'taken_over', 'succeeded']
