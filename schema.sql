@@ -35,6 +35,7 @@ CREATE TABLE IF NOT EXISTS `ai_job` (
   `retry_of_job_id` VARCHAR(36) NULL,
   `created_at` DATETIME(6) NOT NULL,
   `updated_at` DATETIME(6) NOT NULL,
+  `defer_count` INTEGER NOT NULL DEFAULT 0,     -- locks that ended deferred (not attempts)
   PRIMARY KEY (`id`),
   UNIQUE KEY `ai_job_user_id_job_type_idempotency_key` (`user_id`, `job_type`, `idempotency_key`),
   KEY `ai_job_lifecycle_status_lock_until` (`lifecycle_status`, `lock_until`),

@@ -29,6 +29,8 @@ from .execution.services import build_ai_services
 from .execution.webhook_signing import WebhookSigner
 from .gateway import cache as response_cache
 from .gateway.budgets import install_budgets
+from .gateway.ratelimits import install_rate_limits
+from .gateway.wiring import entry_limits
 from .gateway.wiring import install as install_gateway
 
 # The job types every process has; they register through the same entry point as users' own.
@@ -112,6 +114,15 @@ class Runtime:
         # the create-time refusal, and the reaper's release of a dead worker's reservations.
         self.budgets = install_budgets(self.ai, config, self.store, None)
         self.service.budget_check = self.budgets.check_creatable
+        # Provider rate limits (AIJOB_RATE_LIMITS and the provider file's), after the budgets:
+        # a call refused by a budget books no rate-limit slot. In Redis when the queue is there.
+        install_rate_limits(
+            self.ai,
+            config,
+            self.store,
+            (lambda: self.queue.redis) if config.uses_redis else None,
+            limits=entry_limits(self.ai.gateway),
+        )
         self.reaper.release_leaked = functools.partial(
             self.budgets.release_leaked, config.reap_after_ms
         )

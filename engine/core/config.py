@@ -591,6 +591,28 @@ SETTINGS = (
         'Completion tokens a budget reserves for a call whose route entry sets no max_tokens: '
         'a call reserves prompt tokens x prompt price + this x completion price.',
     ),
+    # ---- issue 21 item 4: rate limits per provider/model (engine/gateway/ratelimits.py)
+    Setting(
+        'AIJOB_RATE_LIMITS',
+        '',
+        json_object_or_empty,
+        'JSON rate limits per "provider/model", held by every worker together, e.g. '
+        '{"openai/deepseek-chat": {"rpm": 60, "tpm": 100000}}; a job over a limit waits without '
+        'a worker (or moves to the next route entry). Unset: no limits.',
+    ),
+    Setting(
+        'AIJOB_RATE_LIMIT_WINDOW_MS',
+        '60000',
+        positive_int,
+        'The window "per minute" of rpm and tpm counts over (the provider\'s).',
+    ),
+    Setting(
+        'AIJOB_RATE_LIMIT_MARGIN_MS',
+        '500',
+        non_negative_int,
+        'A request counts this much longer than the window: the time it may take to reach the '
+        'provider after its reservation, so the provider never sees more than the limit.',
+    ),
 )
 
 

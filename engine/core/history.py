@@ -23,6 +23,8 @@ FALLBACK = 'fallback'  # the next call goes to another route entry (from, to, er
 WORKER_LOST = 'worker_lost'  # the reaper found the lock expired and handed the job on
 PROGRESS = 'progress'  # a milestone: at most one per 10 points of progress and attempt
 CANCEL_REQUESTED = 'cancel_requested'
+# The job waits without a worker until a time (a rate limit, a budget): no retry spent.
+DEFERRED = 'deferred'
 SUCCEEDED = 'succeeded'
 FAILED = 'failed'
 CANCELLED = 'cancelled'
@@ -43,6 +45,7 @@ KINDS = (
     FAILED,
     CANCELLED,
     RETRIED,
+    DEFERRED,
 )
 # Progress milestones are this many points apart.
 PROGRESS_STEP = 10

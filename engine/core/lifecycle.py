@@ -220,9 +220,10 @@ class AiJobLifecycleRepository:
         self.lock_ttl_ms = lock_ttl_ms
         # Locks a job may take in all, per queue (contracts §3.1 "attempts"); takeovers stop there.
         self.queue_attempts = dict(queue_attempts or {'ai-interactive': 2, 'ai-background': 3})
-        # The lock CAS; its takeover clause depends on the queues' attempt limits.
+        # The lock CAS; its takeover clause depends on the queues' attempt limits. A lock that
+        # ended in a deferral was no attempt: it does not count (defer_count).
         attempts_left = ' OR '.join(
-            "(queue_name = '%s' AND attempt_no < %d)" % (name, count)
+            "(queue_name = '%s' AND attempt_no - defer_count < %d)" % (name, count)
             for name, count in sorted(self.queue_attempts.items())
         )
         self._lock_text = LOCK_JOB.replace('{attempts_left}', attempts_left or 'FALSE')
@@ -422,6 +423,47 @@ class AiJobLifecycleRepository:
         running, and the next worker to pop it takes it over (architecture decision 4)."""
         self._fenced(job_id, fence, 'lock_until = {now}')
 
+    def defer(self, job_id, fence, delay_ms, reason, detail=None, wake_by=None):
+        """The lock holder hands the job back until ``delay_ms`` from now (a rate limit or a
+        budget said wait; contracts §1.8): the job stays ``running`` with no holder
+        (``locked_by`` NULL) and ``lock_until`` at its wake time, so no lock takes it before
+        then and the reaper does not take it for lost; ``defer_count`` + 1, so the next lock is
+        no attempt of the queue's; no retry is spent. In one transaction with the history's
+        ``deferred`` row and the durable wake-up (an outbox event due at that time, claimed by
+        ``wake_by`` when that process pushes it itself). Refused once a cancel was requested
+        (JobCancelledError: the holder finishes the job cancelled) or when the fence no longer
+        holds (JobLockConflictError). Returns the wake-up event."""
+        delay_ms = max(0, int(delay_ms))
+        fence_sql, fence_params = fence.sql(self.store)
+        update = _fenced_update(
+            'locked_by = NULL, lock_until = {now_plus}, defer_count = defer_count + 1, '
+            'updated_at = {now}',
+            fence_sql,
+            'cancel_requested_at IS NULL',
+        )
+        params = (self.store.ms_param(delay_ms), job_id) + fence_params
+        event_detail = {'reason': reason, 'delayMs': delay_ms, **(detail or {}), **fence.actor()}
+        event = NewEvent(job_id, history.DEFERRED, fence.attempt_no, event_detail)
+
+        def write(tx):
+            if self.store.execute(update, params).rowcount != 1:
+                job = self.get(job_id)
+                held = (job.locked_by, job.attempt_no) == (fence.instance_id, fence.attempt_no)
+                if job.lifecycle_status == RUNNING and held and job.cancel_requested_at:
+                    raise JobCancelledError('cancel requested before the deferral')
+                raise JobLockConflictError(job_id, 'lock lost')
+            insert_events(self.store, [event])
+            job = (
+                AiJob.select(
+                    AiJob.id, AiJob.job_type, AiJob.queue_name, AiJob.priority, AiJob.attempt_no
+                )
+                .where(AiJob.id == job_id)
+                .get()
+            )
+            return self.outbox.create_wake_event(tx, job, delay_ms, claimed_by=wake_by)
+
+        return self._in_transaction(write)
+
     def set_progress(self, job_id, fence, progress, milestone=False):
         """Record progress (0–100) of a running job; only its lock holder may. It never goes
         back: a retried call or a takeover starts its own count again from 0. ``milestone``:
@@ -497,6 +539,8 @@ class AiJobLifecycleRepository:
             )
         if self._in_transaction(lambda tx: self._cancel_queued(tx, job_id)):
             return self.get(job_id)
+        if self._in_transaction(lambda tx: self._cancel_deferred(tx, job_id)):
+            return self.get(job_id)
         return self.request_cancel(job_id)
 
     def _cancel_queued(self, tx, job_id):
@@ -521,6 +565,37 @@ class AiJobLifecycleRepository:
             insert_events(
                 self.store, [NewEvent(job_id, history.CANCELLED, 0, {'errorCode': 'CANCELLED'})]
             )
+        return bool(changed)
+
+    def _cancel_deferred(self, tx, job_id):
+        """running → cancelled at once for a deferred job (no holder: nobody else would finish
+        it), with its terminal event; False if the job was not waiting deferred. The CAS on
+        ``locked_by IS NULL`` races the wake-up's lock: one of them wins."""
+        now = self.store.now()
+        values = {
+            AiJob.error_code: 'CANCELLED',
+            AiJob.public_error_message: CANCELLED_VALUES['public_error_message'],
+            AiJob.cancel_requested_at: now,
+            AiJob.finished_at: now,
+            AiJob.lifecycle_status: CANCELLED,
+            AiJob.lock_until: None,
+            AiJob.updated_at: now,
+        }
+        changed = (
+            AiJob.update(values)
+            .where(
+                (AiJob.id == job_id)
+                & (AiJob.lifecycle_status == RUNNING)
+                & AiJob.locked_by.is_null()
+                & AiJob.cancel_requested_at.is_null()
+            )
+            .execute()
+        )
+        if changed:
+            self.outbox.create_terminal_event(tx, job_id, CANCELLED)
+            attempt_no = AiJob.select(AiJob.attempt_no).where(AiJob.id == job_id).scalar()
+            detail = {'errorCode': 'CANCELLED', 'while': 'deferred'}
+            insert_events(self.store, [NewEvent(job_id, history.CANCELLED, attempt_no, detail)])
         return bool(changed)
 
     def request_cancel(self, job_id):
@@ -638,6 +713,11 @@ class AiJobLifecycleRepository:
 
     def attempts_allowed(self, queue_name):
         return self.queue_attempts.get(queue_name, 1)
+
+    def attempts_left(self, job):
+        """May ``job`` (as read) be locked once more? Deferrals are no attempts."""
+        used = job.attempt_no - (job.defer_count or 0)
+        return used < self.attempts_allowed(job.queue_name)
 
     # ------------------------------------------------------------ internals
     def _finish(self, job_id, to_status, fence, values, extra_condition=None, detail=None):

@@ -85,6 +85,13 @@ RETRIES = Family(
     'Provider calls retried after a retryable failure, by error code.',
     ('job_type', 'error_code'),
 )
+# Issue 21: jobs handed back until a wake time (a rate limit or budget said wait).
+DEFERRALS = Family(
+    Counter,
+    'aijob_job_deferrals',
+    'Jobs handed back to wait without a worker (no retry spent), by the rule that said wait.',
+    ('job_type', 'reason'),
+)
 PROVIDER_CALLS = Family(
     Counter,
     'aijob_provider_calls',
@@ -143,6 +150,7 @@ FAMILIES = (
     JOB_DURATION,
     QUEUE_WAIT,
     RETRIES,
+    DEFERRALS,
     PROVIDER_CALLS,
     PROVIDER_LATENCY,
     PROVIDER_TOKENS,
@@ -172,6 +180,10 @@ def job_started(job_type, queue, wait_s):
 
 def job_retried(job_type, error_code):
     RETRIES.child(job_type, error_code).inc()
+
+
+def job_deferred(job_type, reason):
+    DEFERRALS.child(job_type, reason).inc()
 
 
 def provider_call(provider, model, error_code, seconds, usage=None, cost=None):

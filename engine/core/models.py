@@ -124,6 +124,10 @@ class AiJob(BaseModel):
     retry_of_job_id = CharField(max_length=36, null=True)
     created_at = Timestamp()
     updated_at = Timestamp()
+    # Locks that ended in a deferral (lifecycle.defer): they do not count against the queue's
+    # attempts, so the takeover bound reads ``attempt_no - defer_count``.
+    # A default in the table too: the hot path's INSERT (lifecycle.CREATE_COLUMNS) leaves it out.
+    defer_count = IntegerField(default=0, constraints=[peewee.SQL('DEFAULT 0')])
 
     class Meta:
         table_name = 'ai_job'

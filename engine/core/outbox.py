@@ -7,6 +7,9 @@ from .sql import Statement, insert_row, placeholders, statement
 from .store import IntegrityError
 
 ENQUEUE_EVENT = 'ai.job.enqueue'
+# A deferred job's wake-up (lifecycle.defer): due at its wake time, pushed even where a message
+# for the job still looks live (the deferring worker acks its own after the commit).
+WAKE_EVENT = 'ai.job.wake'
 # Written with the transition that makes a job terminal (contracts §4.1, decision 15).
 TERMINAL_EVENTS = {
     'succeeded': 'ai.job.succeeded',
@@ -39,6 +42,13 @@ _CLAIM_SET = (
     'updated_at = {now} WHERE '
 )
 _DUE = "status = 'pending' AND available_at <= {now} AND event_type %s (%s)"
+# A wake-up: due at {now_plus}, inserted pending or claimed by the process that will push it.
+_INSERT_WAKE = {
+    False: _INSERT_HEAD
+    + "(%s, %s, %s, %s, %s, 'pending', 0, {now_plus}, NULL, NULL, {now}, {now})",
+    True: _INSERT_HEAD
+    + "(%s, %s, %s, %s, %s, 'processing', 0, {now_plus}, %s, {now}, {now}, {now})",
+}
 SELECT_CLAIMED = Statement(
     'SELECT id, event_type, payload, attempt_count FROM outbox_event '
     "WHERE status = 'processing' AND locked_by = %s"
@@ -133,6 +143,35 @@ class OutboxRepository:
         params = (event_type, 'AiJob', job_id, dedupe_key, payload)
         # Written with the transition (sql.insert_row: with the others of a group commit).
         insert_row(_INSERT_HEAD, _INSERT_ROWS[False], params, ignore_duplicate=True)
+
+    def create_wake_event(self, tx, job, delay_ms, claimed_by=None):
+        """The durable wake-up of a job deferred by its attempt ``job.attempt_no``: an event due
+        in ``delay_ms``, in the transaction of the deferral. ``claimed_by``: the deferring
+        process pushes it itself at that time (dispatch.wake); if that process dies first, its
+        claim expires and the dispatcher pushes it (contracts §4.5). Returns the event."""
+        assert tx is not None and self.store.in_transaction(), 'outbox writes need a transaction'
+        payload = {
+            'jobId': job.id,
+            'jobType': job.job_type,
+            'queueName': job.queue_name,
+            'priority': job.priority,
+        }
+        dedupe_key = '%s:%s:%d' % (WAKE_EVENT, job.id, job.attempt_no)
+        params = (WAKE_EVENT, 'AiJob', job.id, dedupe_key, OutboxEvent.payload.db_value(payload))
+        params += (self.store.ms_param(delay_ms),)
+        if claimed_by:
+            params += (claimed_by,)
+        cursor = self.store.execute(statement(_INSERT_WAKE[bool(claimed_by)]), params)
+        return OutboxEvent(
+            __no_default__=True,
+            id=cursor.lastrowid,
+            event_type=WAKE_EVENT,
+            dedupe_key=dedupe_key,
+            payload=payload,
+            status=PROCESSING if claimed_by else PENDING,
+            attempt_count=0,
+            locked_by=claimed_by,
+        )
 
     def claim_batch(self, claimer, limit=100, statements=ENQUEUE_CLAIM):
         """CAS up to ``limit`` due pending events → processing for ``claimer`` in one statement,

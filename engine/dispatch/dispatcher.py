@@ -14,7 +14,7 @@ import time
 
 from ..core.errors import QueueUnavailableError
 from ..core.logs import log_event
-from ..core.outbox import ENQUEUE_EVENT
+from ..core.outbox import ENQUEUE_EVENT, WAKE_EVENT
 from .queue import Message
 
 
@@ -68,7 +68,7 @@ class OutboxDispatcher:
         event handed back uncounted. Returns how many were published."""
         published, sendable = [], []
         for event in events:
-            if event.event_type != ENQUEUE_EVENT:
+            if event.event_type not in (ENQUEUE_EVENT, WAKE_EVENT):
                 log_event(
                     'outbox.unknown_event_type',
                     logging.WARNING,
@@ -78,24 +78,35 @@ class OutboxDispatcher:
                 published.append(event.id)  # nothing to push: done with it
                 continue
             try:
-                sendable.append((event.id, message_for(event.payload)))
+                sendable.append((event.id, message_for(event.payload), event.event_type))
             except (KeyError, TypeError, ValueError) as exc:
                 reason = 'DISPATCH_FAILED: bad payload (%s)' % exc.__class__.__name__
                 self.outbox.mark_failed(event.id, claimer, reason, self.retry_delay_ms)
         if sendable:
             try:
-                self.queue.push_many([message for _, message in sendable])
+                self._push(sendable)
             except QueueUnavailableError as exc:
-                self._hand_back([event_id for event_id, _ in sendable], claimer, exc)
+                self._hand_back([event_id for event_id, _, _ in sendable], claimer, exc)
                 sendable = []
             else:
                 self._outage_backoff_s = 0.0
-        published.extend(event_id for event_id, _ in sendable)
+        published.extend(event_id for event_id, _, _ in sendable)
         if defer_marks:
             self.marks.add(published)
         else:
             self.outbox.mark_published_batch(published, claimer)
         return len(published)
+
+    def _push(self, sendable):
+        """The enqueue events' messages in one round trip; each wake-up (a deferred job's) on
+        its own and forced: the message the deferring worker popped may still look live (its
+        ack follows the deferral's commit), and that must not swallow the wake-up."""
+        enqueues = [message for _, message, kind in sendable if kind == ENQUEUE_EVENT]
+        if enqueues:
+            self.queue.push_many(enqueues)
+        for _, message, kind in sendable:
+            if kind == WAKE_EVENT:
+                self.queue.push(message, force=True)
 
     def _hand_back(self, event_ids, claimer, exc):
         """The queue is down: release the claims (no attempt counted) and back off. Pushes that

@@ -25,7 +25,8 @@ def message_for_job(job):
 class Reaper:
     """Running jobs whose lock expired ``reap_after_ms`` ago: finish a requested cancel, hand
     the job to another worker while its queue allows another attempt, else fail it
-    INTERNAL_WORKER_LOST. Also moves back the messages of consumers that stopped heartbeating.
+    INTERNAL_WORKER_LOST. A deferred job (no holder) past its wake time is pushed again,
+    never counted lost. Also moves back the messages of consumers that stopped heartbeating.
 
     The database decides and the queue only carries the hand-over: during a queue outage the
     cancels and failures are still written, and the hand-overs wait for the queue's return (no
@@ -78,7 +79,9 @@ class Reaper:
                 self.lifecycle.mark_cancelled(job.id, fence=fence)
                 metrics.job_finished(job.job_type, job.queue_name, 'cancelled')
                 return 'cancelled'
-            if job.attempt_no < self.lifecycle.attempts_allowed(job.queue_name):
+            if job.locked_by is None:  # deferred (lifecycle.defer): waiting, nobody lost
+                return self._wake(job) if queue_up else 'deferred'
+            if self.lifecycle.attempts_left(job):
                 return self._republish(job) if queue_up else 'deferred'
             self.lifecycle.mark_failed(
                 job.id,
@@ -120,6 +123,20 @@ class Reaper:
             worker=job.locked_by,
             outcome='republished',
         )
+        return 'republished'
+
+    def _wake(self, job):
+        """A deferred job whose wake time passed ``reap_after_ms`` ago and that no worker took
+        (its wake-up message was lost with Redis's data): push it again, once per
+        ``repush_after_ms``. No worker was lost, so no history row and no attempt counted."""
+        if self._pushed.get(job.id, (None,))[0] == job.attempt_no:
+            return 'waiting'
+        try:
+            self.queue.push(message_for_job(job), force=True)
+        except QueueUnavailableError:
+            return 'deferred'
+        self._pushed[job.id] = (job.attempt_no, time.monotonic())
+        log_event('job.wake_repushed', logging.WARNING, job_id=job.id)
         return 'republished'
 
     def _forget_old_pushes(self):

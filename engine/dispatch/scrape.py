@@ -6,14 +6,14 @@ indexes and only touch unfinished rows)."""
 
 import datetime
 
-from peewee import fn
+from peewee import Case, fn
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from ..core import metrics
 from ..core.models import AiJob, LeaderLease, OutboxEvent
-from ..core.outbox import DEAD, FAILED, PENDING, PROCESSING
+from ..core.outbox import DEAD, FAILED, PENDING, PROCESSING, WAKE_EVENT
 from ..core.registry import QUEUE_NAMES
 from .leader import HOUSEKEEPING
 
@@ -51,7 +51,15 @@ class StateCollector:
             OutboxEvent.select(
                 OutboxEvent.status,
                 fn.COUNT(OutboxEvent.id),
-                fn.MIN(OutboxEvent.created_at),
+                # A deferred job's wake-up is waiting for its time, not for a push: its age
+                # counts from when it is due.
+                fn.MIN(
+                    Case(
+                        OutboxEvent.event_type,
+                        [(WAKE_EVENT, OutboxEvent.available_at)],
+                        OutboxEvent.created_at,
+                    )
+                ),
             )
             .where(OutboxEvent.status.in_(UNPUBLISHED + (DEAD,)))
             .group_by(OutboxEvent.status)

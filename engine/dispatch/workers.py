@@ -17,6 +17,7 @@ from ..core.lifecycle import RUNNING
 from ..core.logs import log_event
 from ..execution.engine import ExecutionEngine
 from .leader import Leadership
+from .wake import Waker
 from .webhooks import run_webhooks
 
 EXIT_FORCED = 3  # a second SIGTERM/SIGINT: exit now, takeover recovers the jobs
@@ -250,6 +251,11 @@ class Worker:
         self.runtime = runtime
         config = runtime.config
         self.engine = ExecutionEngine(runtime, runtime.instance_id)
+        # Deferred jobs' wake-ups, pushed from this process at their time (dispatch.wake).
+        self.waker = Waker(
+            runtime.dispatcher, runtime.outbox, runtime.instance_id, runtime.store.connection
+        )
+        self.engine.waker = self.waker
         self.pools = [
             WorkerPool(
                 'ai-interactive',
@@ -349,6 +355,7 @@ class Worker:
             hand_back_deadline = time.monotonic() + 5.0
             for pool in self.pools:
                 pool.join(hand_back_deadline)
+        self.waker.close()  # wake-ups not yet due go back to the outbox, for the leader
         self.stop_event.set()
         self.runtime.dispatcher.wake.set()
         self.runtime.webhook_sender.wake.set()

@@ -42,6 +42,9 @@ STORE_RETRY_FIRST_S = 0.2
 STORE_RETRY_MAX_S = 1.0
 # The error code of a usage row whose call finished after its worker lost the lock or stopped.
 LOCK_LOST = 'INTERNAL_ATTEMPT_ABANDONED'
+# What ``execute`` returns for a job handed back until its wake time (lifecycle.defer): not a
+# terminal status, but the worker is done with the message.
+DEFERRED = 'deferred'
 
 
 class AttemptAbandoned(Exception):
@@ -111,6 +114,9 @@ class ExecutionEngine:
         self.instance_id = instance_id
         self.lock_ttl_ms = runtime.config.lock_ttl_ms
         self.group_commit = GroupCommit(self.store)
+        # Pushes deferred jobs' wake-ups at their time (dispatch.wake.Waker, set by the Worker);
+        # without one the leader's dispatcher pushes them from the outbox when they are due.
+        self.waker = None
         self.held = {}  # job id -> Attempt, watched by the supervisor
         self._held_lock = threading.Lock()
         # A unit of database work on this thread's connection. A pooled database (MySQL) gives
@@ -312,6 +318,8 @@ class ExecutionEngine:
                     raise
                 except JobFailure as exc:
                     failure = exc
+                except JobDeferred as deferral:
+                    return self._defer(a, deferral)
             abort_strategy = a.definition.execution.abort_strategy
             if (
                 not failure.may_retry(abort_strategy, a.internal_retries)
@@ -342,6 +350,34 @@ class ExecutionEngine:
             a.internal_retries += isinstance(failure, InternalJobError)
             failure = None
             self._wait(a, delay_s)
+
+    def _defer(self, a, deferral):
+        """A guard said wait (JobDeferred): hand the job back until its wake time, holding no
+        thread and spending no retry (lifecycle.defer); the wake-up pushes it again."""
+        delay_ms = int(deferral.delay_s * 1000)
+        waker = self.waker
+        defer = functools.partial(
+            self.lifecycle.defer,
+            a.job.id,
+            a.fence,
+            delay_ms,
+            deferral.reason,
+            deferral.detail,
+            wake_by=self.instance_id if waker is not None else None,
+        )
+        event = self._until_written(a, defer)
+        self._release_held(a.job.id)  # no lock left to extend: the supervisor lets it be
+        if waker is not None:
+            waker.schedule(event, deferral.delay_s)
+        metrics.job_deferred(a.job.job_type, deferral.reason)
+        log_event(
+            'job.deferred',
+            job_id=a.job.id,
+            reason=deferral.reason,
+            delay_ms=delay_ms,
+            attempt=a.job.attempt_no,
+        )
+        return DEFERRED
 
     def _call(self, a, resolved, call_no):
         """One provider call: generate within the deadline, validate, safety on output. Every

@@ -29,3 +29,17 @@ def install(ai, config, store, redis):
     ai.gateway = gateway
     ai.guards.extend([CooldownGuard(cooldowns), FallbackGuard(gateway, store)])
     return ai
+
+
+def entry_limits(gateway):
+    """{'provider/model': Limits} of the provider file's models that set ``limits`` (the rate
+    limits guard holds them); {} when the gateway is not routed."""
+    table = getattr(gateway, 'table', None)
+    if table is None:
+        return {}
+    return {
+        '%s/%s' % (spec.name, model.name): model.limits
+        for spec in table.providers.values()
+        for model in spec.models.values()
+        if model.limits is not None
+    }

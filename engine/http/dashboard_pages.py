@@ -71,7 +71,9 @@ def overview(runtime):
     counts = reads.state_counts(now)
     minutes = reads.throughput(now)
     queues = [_queue_row(runtime.queue, name, counts) for name in QUEUE_NAMES]
-    workers, lost = _workers(runtime.queue, reads.running_by_worker())
+    running = reads.running_by_worker()
+    deferred = running.pop(None, [])  # running with no holder: waiting for their wake time
+    workers, lost = _workers(runtime.queue, running)
     finished = sum(m.finished for m in minutes)
     failed = sum(m.failed for m in minutes)
     return {
@@ -82,6 +84,7 @@ def overview(runtime):
         'outbox': reads.outbox_counts(),
         'workers': workers,
         'lost': lost,
+        'deferred': deferred,
         'chart': chart(minutes),
         'finished_last_hour': finished,
         'failure_rate': '%.1f %%' % (100.0 * failed / finished) if finished else '–',

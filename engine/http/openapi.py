@@ -203,7 +203,12 @@ def _schemas(definitions, prompt_versions):
                     'description': 'Increases across all jobs: page and resume after it.',
                 },
                 'jobId': {'type': 'string'},
-                'kind': {'enum': list(history.KINDS)},
+                'kind': {
+                    'enum': list(history.KINDS),
+                    'description': 'README "Job history". `deferred`: a guard (a provider rate '
+                    'limit, a budget that waits) handed the job back, still running with no '
+                    'worker, until its wake time (detail: reason, delayMs); no retry spent.',
+                },
                 'attemptNo': {
                     'type': 'integer',
                     'minimum': 0,
@@ -556,7 +561,11 @@ def _job_paths():
                 'parameters': [job_id],
                 'responses': dict(
                     {
-                        '200': _json('Cancelled (it was queued).', _ref('JobStatusResponse')),
+                        '200': _json(
+                            'Cancelled (it was queued, or running but deferred: waiting with '
+                            'no worker).',
+                            _ref('JobStatusResponse'),
+                        ),
                         '202': _json(
                             'Cancel requested; the running job stops shortly.',
                             _ref('JobStatusResponse'),

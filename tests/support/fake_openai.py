@@ -5,6 +5,7 @@ answers ``GET /v1/models`` (the model list, or the scripted ``models_status``), 
 started again on the port it had (a provider that went down and came back)."""
 
 import json
+import math
 import select
 import socket
 import threading
@@ -55,6 +56,10 @@ class FakeOpenAI:
         self.model_requests = []  # the headers of each GET /models
         self._replies = [json_reply({'ok': True})]
         self._lock = threading.Lock()
+        # The rate-limit mode (limit_rate): the arrival times of the requests it answered.
+        self._limit = None
+        self.answered_at = []
+        self.over_limit = 0  # requests that came beyond the limit (each answered 429)
         self._bind(port)
 
     def _bind(self, port):
@@ -89,6 +94,29 @@ class FakeOpenAI:
         with self._lock:
             self._replies = list(replies)
 
+    def limit_rate(self, requests, window_s):
+        """Answer at most ``requests`` requests within any ``window_s`` (a sliding window over
+        arrivals, as OpenAI's per-minute limits); one beyond it gets 429 with ``Retry-After``
+        and is counted in ``over_limit``."""
+        with self._lock:
+            self._limit = (requests, window_s)
+
+    def admit(self):
+        """None when this request is within the limit (it is counted), else the seconds until
+        the window has room."""
+        with self._lock:
+            now = time.monotonic()
+            if self._limit is None:
+                self.answered_at.append(now)
+                return None
+            requests, window_s = self._limit
+            recent = [t for t in self.answered_at[-requests:] if t > now - window_s]
+            if len(recent) >= requests:
+                self.over_limit += 1
+                return recent[0] + window_s - now
+            self.answered_at.append(now)
+            return None
+
     def next_reply(self, body):
         with self._lock:
             self.requests.append(body)
@@ -118,6 +146,9 @@ def _handler_for(fake):
             length = int(self.headers.get('Content-Length') or 0)
             body = json.loads(self.rfile.read(length) or b'{}')
             body['_headers'] = {name.lower(): value for name, value in self.headers.items()}
+            wait_s = fake.admit()
+            if wait_s is not None:
+                return self._send_json(429, _RATE_LIMITED, {'Retry-After': str(math.ceil(wait_s))})
             reply = fake.next_reply(body)
             if reply.status != 200:
                 time.sleep(reply.first_delay_s)  # a slow error: the server thought first
@@ -202,6 +233,17 @@ def _events(body, reply):
         )
     events.append((0.0, '[DONE]'))
     return events
+
+
+# OpenAI's body of a 429 for a request-rate limit.
+_RATE_LIMITED = {
+    'error': {
+        'message': 'Rate limit reached for requests per min (RPM). Please try again later.',
+        'type': 'requests',
+        'param': None,
+        'code': 'rate_limit_exceeded',
+    }
+}
 
 
 def _chunk(model, delta, finish_reason):

@@ -112,6 +112,15 @@
 </table>
 </div>
 % end
+% if deferred:
+<h3>Deferred</h3>
+<p class="muted">Handed back by a rate limit or a budget: waiting without a worker until their wake time, no retry spent.</p>
+<ul>
+% for job in deferred:
+  <li><a href="{{job_url(job.id)}}">{{job.job_type}} {{job.id}}</a> until {{when(job.lock_until)}}</li>
+% end
+</ul>
+% end
 % if lost:
 <h3>Running without a live heartbeat</h3>
 <p class="muted">Their worker stopped heartbeating; the reaper takes them over once their lock expires.</p>
