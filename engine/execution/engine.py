@@ -478,6 +478,7 @@ class ExecutionEngine:
         started = time.monotonic()
         usage, error_code = None, 'INTERNAL_PROVIDER_ERROR'
         try:
+            call.sent = True
             result = call.provider.generate(call.request, ctx)
             usage, error_code = result.usage, None
             return result

@@ -111,6 +111,7 @@ class ProviderCall:
     call_no: int
     notes: dict = field(default_factory=dict)  # per guard: its reservations for this call
     cached: bool = False  # answered by the response cache: no provider was called
+    sent: bool = False  # the request went to the provider (every guard's ``before`` let it)
     # What the gateway knows of the route entry (None or 0 where nothing is configured):
     max_tokens: Optional[int] = None  # the completion cap sent with the request
     prompt_tokens: int = 0  # the estimated prompt tokens of the rendered request

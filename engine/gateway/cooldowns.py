@@ -288,6 +288,8 @@ def outcome_of(call, failure):
     request, a refused key: the provider is up). A 429 on a user's own key is that user's limit,
     not the entry's."""
     code = getattr(failure, 'code', None)
+    if not call.sent:  # a later guard refused it (a budget, a rate limit): the entry was not asked
+        return NO_CALL
     if failure is None:
         return ANSWERED
     if code is None or code == 'CANCELLED':
