@@ -50,19 +50,27 @@ def cmd_worker(config, args):
 
 
 def cmd_bench(config, args):
-    from engine.bench import run_bench
+    import os
+
+    from engine.bench import gateway_config, run_bench
 
     return run_bench(
-        config,
+        gateway_config(os.environ) if args.gateway else config,
         jobs=args.jobs,
         rate=args.rate,
         concurrency=args.concurrency,
         sleep_ms=args.sleep_ms,
+        gateway=args.gateway,
     )
 
 
 def bench_args(parser):
     parser.add_argument('--jobs', type=int, default=1000, help='synthetic no-op jobs to run')
+    parser.add_argument(
+        '--gateway',
+        action='store_true',
+        help='every gateway guard on: a budget, a rate limit and the response cache (all misses)',
+    )
     parser.add_argument(
         '--rate', type=float, default=0, help='create at this many jobs/s (default 0: all at once)'
     )

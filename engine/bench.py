@@ -15,6 +15,12 @@ from /proc for the whole server: other clients' load, and the bench's polls, cou
 
 ``--concurrency C`` runs C ai-interactive worker threads (AIJOB_INTERACTIVE_CONCURRENCY),
 ``--sleep-ms S`` makes every job sleep S ms (input ``{"sleepMs": S}``): the I/O-bound case.
+
+``--gateway`` turns on every guard of the gateway (docs/architecture.md, decision 17) around the
+synthetic call: a price for it, a global daily budget it never reaches (each call reserves and
+settles), a rate limit it never reaches (each call reserves a slot and settles its tokens) and
+the response cache (job type ``synthetic_cached``; every job is another user's, so every call
+misses: it claims its key and writes its entry). What the guards cost, and nothing else.
 """
 
 import json
@@ -38,7 +44,23 @@ POLL_CHUNK = 200  # jobs one poll for the end reads at most
 DB_SERVER_NAMES = ('mariadbd', 'mysqld')
 
 
-def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0):
+# The settings ``--gateway`` adds, in the environment so that the worker process has them too.
+GATEWAY_SETTINGS = {
+    'AIJOB_DEFINITIONS': 'engine.jobtypes.synthetic_cached',
+    'AIJOB_PRICE_TABLE': '{"*": {"prompt": "0.27", "completion": "1.10"}}',
+    'AIJOB_RATE_LIMITS': '{"synthetic/synthetic-1": {"rpm": 1000000000, "tpm": 1000000000000}}',
+}
+GATEWAY_BUDGET = ('global', '', 'day', '1000000000', 'fail')  # never reached
+
+
+def gateway_config(environ):
+    """The Config of ``--gateway``: the environment plus GATEWAY_SETTINGS, which are also put
+    in ``environ`` for the worker process the bench starts."""
+    environ.update(GATEWAY_SETTINGS)
+    return Config.from_env(environ)
+
+
+def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False):
     """``rate`` > 0 paces creation at that many jobs per second (latency below saturation);
     0 creates them all at once (throughput, where create→running is mostly queueing).
     ``concurrency`` (default: the configured AIJOB_INTERACTIVE_CONCURRENCY) is the worker's
@@ -47,6 +69,11 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0):
         config = Config(dict(vars(config), interactive_concurrency=int(concurrency)))
     runtime = Runtime(config, role='bench')
     runtime.create_schema()
+    job_type = 'synthetic'
+    if gateway:
+        with runtime.store.connection():
+            runtime.budgets.put(*GATEWAY_BUDGET)
+        job_type = 'synthetic_cached'
     worker = _start_worker(runtime)
     db_cpu = _DatabaseCpu(runtime)
     try:
@@ -54,7 +81,7 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0):
         statements_before = runtime.store.statement_count()
         cpu_before = time.process_time()
         db_cpu.start()
-        ids = _create(runtime, jobs, rate, sleep_ms)
+        ids = _create(runtime, jobs, rate, sleep_ms, job_type)
         timeout_s = max(60.0, jobs * 0.2) + 1.5 * jobs * sleep_ms / 1000.0 / max(
             1, config.interactive_concurrency
         )
@@ -92,7 +119,7 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0):
     return 0 if figures['succeeded'] == jobs else 1
 
 
-def _create(runtime, jobs, rate, sleep_ms):
+def _create(runtime, jobs, rate, sleep_ms, job_type='synthetic'):
     ids = [None] * jobs
     started = time.monotonic()
     job_input = {'sleepMs': int(sleep_ms)} if sleep_ms else {}
@@ -104,7 +131,7 @@ def _create(runtime, jobs, rate, sleep_ms):
                     time.sleep(max(0.0, started + i / rate - time.monotonic()))
                 request = CreateJobInput(
                     user_id='bench-%d' % i,
-                    job_type='synthetic',
+                    job_type=job_type,
                     target_type='bench',
                     target_id=str(i),
                     input=dict(job_input),
