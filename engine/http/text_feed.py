@@ -62,8 +62,13 @@ class TextFeed:
                     return
             try:
                 found = self.channel.wait_new(cursors, self.wait_s)
-            except AiJobError:
-                log_event('http.text_feed_failed', logging.WARNING, jobs=len(cursors))
+            except Exception as exc:  # Redis away, or its client closed under the wait
+                log_event(
+                    'http.text_feed_failed',
+                    logging.WARNING,
+                    jobs=len(cursors),
+                    error_type=exc.__class__.__name__,
+                )
                 time.sleep(RETRY_S)
                 continue
             with self._lock:
