@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine.core.registry import JobDefinitionRegistry
-from engine.dispatch.deltas import MemoryTextChannel
+from engine.dispatch.deltas import RESET, MemoryTextChannel, RedisTextChannel, TextEntry
 from engine.execution.deltas import INTERVAL_S, DeltaPump
 from engine.http import stream
 from engine.http.text_feed import TextFollower
@@ -335,3 +335,43 @@ def test_the_pump_sends_512_characters_at_once_without_waiting_out_the_interval(
     wait_for(lambda: len(channel.messages) == 2, timeout=2.0)
     assert channel.messages == [('job-1', 1, 0, 'a'), ('job-1', 1, 1, 'b' * 600)]
     pump.stop()
+
+
+@pytest.fixture
+def channel(backend):
+    """The text channel of the backend pair: in the process, or Redis under the test's prefix."""
+    if backend.redis_url is None:
+        made = MemoryTextChannel(ttl_ms=60_000, max_entries=50)
+    else:
+        made = RedisTextChannel(backend.redis_url, backend.prefix, ttl_ms=60_000, max_entries=50)
+    yield made
+    made.close()
+
+
+def test_a_channel_keeps_a_jobs_entries_in_order_capped_and_expiring(channel):
+    assert channel.begin_many(['job-a', 'job-b']) == [1, 1]
+    channel.append_many([('job-a', 1, i, 'x') for i in range(500)] + [('job-b', 1, 0, 'b')])
+    entries = channel.read('job-a')
+    # Capped (Redis trims whole nodes, so approximately): the newest kept, in order.
+    assert 50 <= len(entries) < 500 and entries[-1].offset == 499
+    assert [e.offset for e in entries] == sorted(e.offset for e in entries)
+    assert channel.read('job-a', after=entries[-2].id) == entries[-1:]
+    assert channel.wait_new({'job-a': entries[-1].id, 'job-b': None}, 0.05) == {
+        'job-b': channel.read('job-b')[-1].id
+    }
+    assert channel.begin_many(['job-a']) == [2]  # the next attempt, announced by a reset
+    assert channel.read('job-a', after=entries[-1].id) == [
+        TextEntry(channel.read('job-a')[-1].id, RESET, 2)
+    ]
+    if isinstance(channel, RedisTextChannel):
+        assert 0 < channel.redis.pttl(channel.key('job-a')) <= 60_000
+
+
+def test_the_attempt_counter_outlives_the_text():
+    now = [0.0]
+    channel = MemoryTextChannel(ttl_ms=1000, max_entries=10, clock=lambda: now[0])
+    channel.begin_many(['job-1'])
+    channel.append_many([('job-1', 1, 0, 'abc')])
+    now[0] = 5.0  # the text has expired (written on the next write of any job)
+    assert channel.begin_many(['job-1']) == [2]
+    assert [e.kind for e in channel.read('job-1')] == [RESET]

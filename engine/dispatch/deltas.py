@@ -22,6 +22,9 @@ from ..core.errors import QueueUnavailableError
 from .redis_client import connect
 
 TEXT, RESET = 'text', 'reset'
+# A job's attempt counter outlives its text: a retry after a long backoff, once the text has
+# expired, must still get a new number (a client may hold a position in the old attempt).
+COUNTER_TTL_MS = 24 * 3600 * 1000
 READ_COUNT = 200  # entries per job per read of the waiting loop (only the last id is kept)
 
 
@@ -51,18 +54,24 @@ class MemoryTextChannel:
         self._clock = clock
         self._cond = threading.Condition()
         self._jobs = collections.OrderedDict()  # job id -> _Log, least recently written first
+        self._attempts = collections.OrderedDict()  # job id -> (last attempt, expires at)
 
     def begin_many(self, job_ids):
         with self._cond:
-            numbers = []
-            for job_id in job_ids:
+            numbers = [self._next_attempt(job_id) for job_id in job_ids]
+            for job_id, number in zip(job_ids, numbers, strict=True):
                 log = self._log(job_id)
-                log.attempts += 1
-                if log.attempts > 1:
-                    log.add(RESET, log.attempts, 0, '')
-                numbers.append(log.attempts)
+                if number > 1:
+                    log.add(RESET, number, 0, '')
             self._cond.notify_all()
             return numbers
+
+    def _next_attempt(self, job_id):
+        now = self._clock()
+        _drop_expired(self._attempts, now, lambda item: item[1])
+        number = self._attempts.pop(job_id, (0, 0.0))[0] + 1
+        self._attempts[job_id] = (number, now + max(self.ttl_s, COUNTER_TTL_MS / 1000.0))
+        return number
 
     def append_many(self, messages):
         with self._cond:
@@ -99,21 +108,25 @@ class MemoryTextChannel:
     def _log(self, job_id):
         """The job's log, marked as just written; logs unwritten for the TTL go."""
         now = self._clock()
-        while self._jobs:
-            oldest_id, oldest = next(iter(self._jobs.items()))
-            if oldest.expires_at > now:
-                break
-            del self._jobs[oldest_id]
+        _drop_expired(self._jobs, now, lambda log: log.expires_at)
         log = self._jobs.pop(job_id, None) or _Log(self.max_entries)
         log.expires_at = now + self.ttl_s
         self._jobs[job_id] = log
         return log
 
 
+def _drop_expired(ordered, now, expires_at):
+    """Drop the expired items at the front of ``ordered`` (least recently written first)."""
+    while ordered:
+        oldest_id, oldest = next(iter(ordered.items()))
+        if expires_at(oldest) > now:
+            return
+        del ordered[oldest_id]
+
+
 class _Log:
     def __init__(self, max_entries):
         self.entries = collections.deque(maxlen=max_entries)
-        self.attempts = 0
         self.next_id = 1
         self.expires_at = 0.0
 
@@ -169,7 +182,7 @@ class RedisTextChannel:
         for job_id in job_ids:
             counter = self.key(job_id) + ':attempts'
             pipe.incr(counter)
-            pipe.pexpire(counter, self.ttl_ms)
+            pipe.pexpire(counter, max(self.ttl_ms, COUNTER_TTL_MS))
         numbers = pipe.execute()[0::2]
         resets = [(job_id, n) for job_id, n in zip(job_ids, numbers, strict=True) if n > 1]
         if resets:

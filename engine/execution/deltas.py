@@ -94,6 +94,9 @@ class DeltaPump:
     def close(self, sink):
         """The call is over: its remaining text goes out now; returns once it has (or after
         CLOSE_WAIT_S: the job's result does not wait on a stalled channel)."""
+        if sink.written == 0:  # no text (most calls of most job types): nothing to wait for
+            sink.closed = True  # written only by the call's own thread, which is this one
+            return
         deadline = self._clock() + CLOSE_WAIT_S
         with self._cond:
             sink.closed = True
