@@ -11,10 +11,14 @@ notes when the first ``event: delta`` arrives; the fake notes when it wrote the 
 text. Every client checks it got the whole text, in order. Also printed: the worker process's
 whole CPU per job (/proc), for scale.
 
+``--embedded`` measures the embedded default instead: one ``python aijob.py serve`` on a SQLite
+file, with the in-process channel (the CPU figure then is the serve process's, API included).
+
 CPU per forwarded delta, in this process: CALLS simulated provider calls write CHUNKS pieces each,
-CHUNK_DELAY_S apart, into the worker's pump (execution/deltas.py) over the Redis channel; the
-process CPU of that run less the CPU of the same writers with nobody forwarding, divided by the
-messages forwarded: what coalescing and sending costs the worker, per message.
+CHUNK_DELAY_S apart, into the worker's pump (execution/deltas.py) over the Redis channel (the
+in-process one with --embedded); the process CPU of that run less the CPU of the same writers
+with nobody forwarding, divided by the messages forwarded: what coalescing and sending costs the
+worker, per message.
 
 It stops only the processes it started, by pid.
 
@@ -39,7 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from engine.core.config import Config  # noqa: E402
-from engine.dispatch.deltas import RedisTextChannel  # noqa: E402
+from engine.dispatch.deltas import MemoryTextChannel, RedisTextChannel  # noqa: E402
 from engine.execution.deltas import DeltaPump  # noqa: E402
 from engine.http.auth import TokenStore  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
@@ -69,6 +73,11 @@ def prepare(config):
             return TokenStore(runtime.store).create(USER)
     finally:
         runtime.close()
+
+
+def children(pid):
+    with open('/proc/%d/task/%d/children' % (pid, pid)) as handle:
+        return [int(p) for p in handle.read().split()]
 
 
 def cpu_s(pid):
@@ -167,13 +176,18 @@ def latency(args, config, token):
         AIJOB_REDIS_PREFIX=PREFIX,
     )
     log = tempfile.NamedTemporaryFile(prefix='aijob-text-bench-', suffix='.log', delete=False)
-    print('web and worker log: %s' % log.name)
-    web = start(['web', '--workers', '1', '--port', str(port)], env, log)
-    worker = start(['worker'], env, log)
+    print('server log: %s' % log.name)
+    if args.embedded:  # one process: its gunicorn worker runs the API and the job threads
+        web = start(['serve', '--port', str(port)], env, log)
+        worker = web
+    else:
+        web = start(['web', '--workers', '1', '--port', str(port)], env, log)
+        worker = start(['worker'], env, log)
     try:
         wait_healthy(port, web)
         time.sleep(2.0)  # the worker's pools are up
-        cpu_before = cpu_s(worker.pid)
+        worker_pid = children(web.pid)[0] if args.embedded else worker.pid
+        cpu_before = cpu_s(worker_pid)
         results = []
         for start_no in range(0, args.jobs, args.concurrency):
             wave = min(args.concurrency, args.jobs - start_no)
@@ -185,10 +199,10 @@ def latency(args, config, token):
                 thread.start()
             for thread in threads:
                 thread.join(120)
-        worker_cpu = cpu_s(worker.pid) - cpu_before
+        worker_cpu = cpu_s(worker_pid) - cpu_before
     finally:
         stop(web)
-        stop(worker)
+        stop(worker)  # (the same process when embedded: stopping it twice is a no-op)
         fake.stop()
         log.close()
     assert all(text == TEXT for _, _, text, _ in results), 'a client missed text'
@@ -251,18 +265,21 @@ def writers(open_sink):
 
 def cpu_per_delta(config):
     baseline = writers(lambda job_id: _Nowhere())
-    channel = RedisTextChannel(
-        config.redis_url, PREFIX, config.stream_text_ttl_ms, config.stream_text_max_messages
-    )
+    ttl_ms, most = config.stream_text_ttl_ms, config.stream_text_max_messages
+    if config.redis_url:
+        channel = RedisTextChannel(config.redis_url, PREFIX, ttl_ms, most)
+    else:
+        channel = MemoryTextChannel(ttl_ms, most)
     pump = DeltaPump(channel)
     try:
         forwarding = writers(pump.open)
+    finally:
+        pump.stop()
+    if config.redis_url:
         keys = list(channel.redis.scan_iter(match=PREFIX + ':*', count=1000))
         if keys:
             channel.redis.delete(*keys)  # this run's keys only, never a whole database
-    finally:
-        pump.stop()
-        channel.close()
+    channel.close()
     print(
         'calls=%d chunks/call=%d messages=%d cpu_ms: with forwarding %.1f, without %.1f; '
         'worker_cpu_us/delta=%.0f'
@@ -281,9 +298,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--jobs', type=int, default=100)
     parser.add_argument('--concurrency', type=int, default=10)
+    parser.add_argument(
+        '--embedded',
+        action='store_true',
+        help='the embedded default instead: one serve process, SQLite, the in-process channel',
+    )
     args = parser.parse_args()
+    if args.embedded:
+        folder = tempfile.mkdtemp(prefix='aijob-text-bench-')
+        os.environ['AIJOB_DATABASE_URL'] = 'sqlite:///%s/aijob.db' % folder
+        os.environ['AIJOB_REDIS_URL'] = ''
     config = Config.from_env()
-    if not config.redis_url:
+    if not config.redis_url and not args.embedded:
         raise SystemExit('text_bench: set AIJOB_REDIS_URL (web and worker are two processes)')
     token = prepare(config)
     latency(args, config, token)
