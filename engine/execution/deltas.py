@@ -92,8 +92,9 @@ class DeltaPump:
                 self._thread.start()
 
     def close(self, sink):
-        """The call is over: its remaining text goes out now; returns once it has (or after
-        CLOSE_WAIT_S: the job's result does not wait on a stalled channel)."""
+        """The call is over: its remaining text goes out as its message is due (within
+        ``interval_s``); returns once it has, or after CLOSE_WAIT_S (the job's result does not
+        wait on a stalled channel)."""
         if sink.written == 0:  # no text (most calls of most job types): nothing to wait for
             sink.closed = True  # written only by the call's own thread, which is this one
             return
