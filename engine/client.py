@@ -21,6 +21,7 @@ EXIT_OK, EXIT_FAILED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 TERMINAL = ('succeeded', 'failed', 'cancelled')
 WAIT_MS = 25_000  # one long poll; the server caps waitMs at 30 000
 GIVE_UP_S = 60.0  # the server unreachable this long while following: stop (the job goes on)
+STREAM_READ_S = 60.0  # a stream silent this long is dead (the server sends a keepalive each 15 s)
 BAR_WIDTH = 30
 
 
@@ -45,6 +46,20 @@ class Api:
     def __init__(self, url, token):
         self.url = url.rstrip('/')
         self.token = token
+
+    def open_stream(self, path, last_event_id, timeout_s):
+        """The response of a server-sent event stream, to be read line by line (204 too)."""
+        headers = {'Authorization': 'Bearer ' + self.token, 'Accept': 'text/event-stream'}
+        if last_event_id is not None:
+            headers['Last-Event-ID'] = last_event_id
+        request = urllib.request.Request(self.url + path, headers=headers)
+        try:
+            return urllib.request.urlopen(request, timeout=timeout_s)
+        except urllib.error.HTTPError as error:
+            raise _api_error(_reply(error.code, error.headers, error.read())) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, 'reason', exc)
+            raise ClientError('cannot reach %s: %s' % (self.url, reason)) from None
 
     def call(self, method, path, body=None, headers=None, timeout_s=30.0, ok=(200, 201, 202)):
         data = json.dumps(body).encode('utf-8') if body is not None else None
@@ -122,6 +137,8 @@ def parse_input(raw):
 
 
 def submit(args, out=sys.stdout, err=sys.stderr):
+    if args.stream and not args.wait:
+        raise ClientError('--stream follows the job: give --wait too')
     api = Api(args.url, args.token)
     target_type, target_id = parse_target(args.target)
     body = {'jobType': args.job_type, 'input': parse_input(args.input)}
@@ -133,7 +150,8 @@ def submit(args, out=sys.stdout, err=sys.stderr):
         print(job['jobId'], file=out)
         print('job %s %s' % (job['jobId'], job['lifecycleStatus']), file=err)
         return EXIT_OK
-    return Follower(api, job, out, err, interactive=_interactive(err)).run()
+    follower = StreamFollower if args.stream else Follower
+    return follower(api, job, out, err, interactive=_interactive(err)).run()
 
 
 def _interactive(err):
@@ -290,6 +308,91 @@ class Follower:
             self.err.flush()
 
 
+class StreamFollower(Follower):
+    """``--wait --stream``: follows the job's event stream instead of long polls and prints the
+    text its AI provider streams on stdout as it arrives (the artifacts follow at the end, as
+    with ``--wait``). Status changes are lines on stderr; a retry that starts the text over is
+    said there too. A stream the server closes (its time cap) is resumed with Last-Event-ID."""
+
+    def __init__(self, api, job, out, err, interactive):
+        super().__init__(api, job, out, err, interactive)
+        self.last_event_id = None
+        self.mid_line = False  # the text printed so far does not end with a newline
+
+    def poll(self):
+        """One stream, until the server closes it (with the retries an outage needs)."""
+        deadline = time.monotonic() + GIVE_UP_S
+        delay_s = 0.5
+        while True:
+            try:
+                return self.read_stream()
+            except ClientError as exc:
+                if exc.status not in (None, 429, 502, 503, 504) or time.monotonic() > deadline:
+                    raise
+                self.note('waiting for the server (%s)' % exc)
+                time.sleep(exc.retry_after or delay_s)
+                delay_s = min(5.0, delay_s * 2)
+
+    def read_stream(self):
+        path = '/api/ai/jobs/%s/stream' % self.job['jobId']
+        answer = self.api.open_stream(path, self.last_event_id, STREAM_READ_S)
+        with answer:
+            if answer.status == 204:  # it had ended after our last event: read the status
+                self.job = self.api.call('GET', '/api/ai/jobs/%s' % self.job['jobId']).body
+                return
+            fields = {}
+            try:
+                for raw in answer:
+                    line = raw.decode('utf-8').rstrip('\r\n')
+                    if line:
+                        name, _, value = line.partition(':')
+                        fields[name] = value[1:] if value.startswith(' ') else value
+                        continue
+                    self.on_event(fields)
+                    fields = {}
+            except OSError as exc:  # the connection dropped mid-stream: resume
+                raise ClientError('the stream broke off: %s' % exc) from None
+
+    def on_event(self, fields):
+        if 'id' in fields:
+            self.last_event_id = fields['id']
+        event = fields.get('event')
+        if event is None or 'data' not in fields:
+            return  # a comment (keepalive) or the reconnect delay
+        data = json.loads(fields['data'])
+        if event == 'delta':
+            self.out.write(data['text'])
+            self.out.flush()
+            self.mid_line = not data['text'].endswith('\n')
+        elif event == 'reset':
+            self.note('(attempt %d starts the text over)' % data['attempt'])
+        elif event == 'status':
+            self.job = data
+            self.show()
+        elif event in ('started', 'taken_over'):
+            self.job = dict(self.job, lifecycleStatus='running')
+            self.show()
+        elif event == 'retry_scheduled':
+            self.note('(retrying after %s)' % data['detail'].get('errorCode'))
+
+    def show(self):
+        """A line per change of status (progress would break the text's lines)."""
+        state = self.job['lifecycleStatus']
+        if state != self.shown:
+            self.note('job %s %s' % (self.job['jobId'], state))
+        self.shown = state
+
+    def note(self, text):
+        self.end_line()
+        print(text, file=self.err, flush=True)
+
+    def end_line(self):
+        if self.mid_line:
+            self.out.write('\n')
+            self.out.flush()
+            self.mid_line = False
+
+
 # ---------------------------------------------------------------- jobs
 COLUMNS = (
     ('JOB ID', 'jobId'),
@@ -365,6 +468,11 @@ def submit_args(parser):
         '--wait',
         action='store_true',
         help='follow the job to its end (exit 0 succeeded, 1 failed, 130 cancelled/interrupted)',
+    )
+    parser.add_argument(
+        '--stream',
+        action='store_true',
+        help='with --wait: print the text the AI model writes as it arrives (on stdout)',
     )
     connection_args(parser)
 

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.http.auth import TokenStore
 from tests.support.api import JOBS
+from tests.support.fake_openai import json_reply
 from tests.support.helpers import wait_until
 from tests.support.servers import free_port
 
@@ -39,14 +40,14 @@ def http_json(method, url, token):
 
 
 @contextlib.contextmanager
-def serve(backend, make_runtime, tmp_path):
-    """A real ``serve`` on a free port; yields (url, its development admin token, a user's
-    token)."""
+def serve(backend, make_runtime, tmp_path, **settings):
+    """A real ``serve`` on a free port (with ``settings``); yields (url, its development admin
+    token, a user's token)."""
     runtime = make_runtime()  # a clean store for this backend
     with runtime.store.connection():
         user_token = TokenStore(runtime.store).create('cli-user')
     port = free_port()
-    env = dict(os.environ, **backend.env(AIJOB_PORT=str(port)))
+    env = dict(os.environ, **backend.env(AIJOB_PORT=str(port), **settings))
     proc = subprocess.Popen(
         [sys.executable, AIJOB, 'serve'],
         cwd=str(tmp_path),
@@ -159,6 +160,41 @@ def test_submit_wait_prints_the_result_or_the_error_with_its_exit_code(
         assert counter(url, token, 'aijob_jobs_created_total', **outcome) == 3
         succeeded = dict(outcome, outcome='succeeded')
         assert counter(url, token, 'aijob_jobs_finished_total', **succeeded) >= 1
+
+
+def test_submit_wait_stream_prints_the_text_as_it_arrives_then_the_artifacts(
+    backend, make_runtime, tmp_path, fake
+):
+    cards = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'}] * 5}
+    text = json.dumps(cards)
+    fake.script(json_reply(cards, chunks=40, delay_s=0.05))  # about 2 s of text
+    provider = {
+        'AIJOB_PROVIDER_BASE_URL': fake.base_url,
+        'AIJOB_PLATFORM_API_KEY': 'sk-platform-cli-0000',
+    }
+    with serve(backend, make_runtime, tmp_path, **provider) as (url, token, _):
+        job_input = json.dumps({'text': 'Paris is the capital of France.'})
+        args = ['submit', 'flashcard_generation', '--target', 'note:1', '--input', job_input]
+        proc = cli(url, token, *args, '--wait', '--stream', stdout=subprocess.PIPE)
+        first = os.read(proc.stdout.fileno(), 10)  # the text's start (unbuffered: no byte lost)
+        running = [job for job in jobs_of(url, token) if job['lifecycleStatus'] == 'running']
+        rest, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        assert len(running) == 1  # the text came while the job ran
+        out = (first + rest).decode('utf-8')
+        assert out.startswith(text + '\n')
+        result = json.loads(out[len(text) + 1 :])
+        assert [a['content'] for a in result['artifacts']] == cards['cards']
+
+        alone = submit(url, token, {}, '--stream')  # --stream follows: it needs --wait
+        _, err = alone.communicate(timeout=60)
+        assert alone.returncode == 2 and '--wait' in err
+
+
+def jobs_of(url, token):
+    status, body = http_json('GET', url + '/admin-api/ai/jobs', token)
+    assert status == 200, body
+    return json.loads(body)['items']
 
 
 def wait_for_line(stream, text, timeout_s=30):

@@ -499,6 +499,19 @@ SETTINGS = (
         'Most job event streams of one user that one web process holds at once '
         '(429 TOO_MANY_STREAMS beyond).',
     ),
+    Setting(
+        'AIJOB_STREAM_TEXT_TTL_MS',
+        '600000',
+        positive_int,
+        "The live text of a running job (the stream's delta events) is kept this long after its "
+        'last piece (a Redis stream per job, or in the process), for clients that reconnect.',
+    ),
+    Setting(
+        'AIJOB_STREAM_TEXT_MAX_MESSAGES',
+        '4000',
+        positive_int,
+        'Most delta messages of one job kept for reconnecting clients (the oldest go first).',
+    ),
     # ---- AI providers, credentials, safety and pricing
     Setting(
         'AIJOB_PROVIDER_BASE_URL',

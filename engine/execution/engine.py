@@ -117,6 +117,7 @@ class ExecutionEngine:
         # Pushes deferred jobs' wake-ups at their time (dispatch.wake.Waker, set by the Worker);
         # without one the leader's dispatcher pushes them from the outbox when they are due.
         self.waker = None
+        self.text = runtime.text_pump  # the live text of provider calls (execution/deltas.py)
         self.held = {}  # job id -> Attempt, watched by the supervisor
         self._held_lock = threading.Lock()
         # A unit of database work on this thread's connection. A pooled database (MySQL) gives
@@ -474,9 +475,13 @@ class ExecutionEngine:
         return result
 
     def _generate(self, call, ctx):
-        """The provider call itself, timed and counted for the metrics."""
+        """The provider call itself, timed and counted for the metrics. The text it streams goes
+        to the job's live stream through a sink of its own: each call (a retry, a fallback) is a
+        new attempt of that text. The sink is closed, its last text sent, before the call's
+        outcome is written, so a stream shows the whole text before the job's end."""
         started = time.monotonic()
         usage, error_code = None, 'INTERNAL_PROVIDER_ERROR'
+        ctx.text_sink = self.text.open(call.request.job_id)
         try:
             call.sent = True
             result = call.provider.generate(call.request, ctx)
@@ -486,6 +491,8 @@ class ExecutionEngine:
             usage, error_code = getattr(exc, 'usage', None), exc.code
             raise
         finally:
+            ctx.text_sink.close()
+            ctx.text_sink = None
             key = call.provider_key
             cost = self.ai.pricing.cost(key, call.model, usage) if usage else None
             metrics.provider_call(

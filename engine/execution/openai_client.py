@@ -126,6 +126,7 @@ class _Call:
             delta = choice.delta
             if delta is not None and delta.content:
                 self.parts.append(delta.content)
+                self.ctx.report_text(delta.content)  # to the job's live stream, if followed
             if delta is not None and getattr(delta, 'refusal', None):
                 self.refusal.append(delta.refusal)
             if choice.finish_reason:

@@ -62,13 +62,17 @@ class ProviderResult:
 
 class CallContext:
     """What a running attempt may ask of the engine: how long it has left, whether it was
-    cancelled, progress reports, and a sleep that wakes up on cancellation or the deadline."""
+    cancelled, progress and live-text reports, and a sleep that wakes up on cancellation or the
+    deadline."""
 
     def __init__(self, deadline, cancel_event=None, on_progress=None, clock=time.monotonic):
         self.deadline = deadline  # a time.monotonic() value
         self.cancel_event = cancel_event or threading.Event()
         self._on_progress = on_progress
         self._clock = clock
+        # The live-text sink of the provider call now running (execution/deltas.py), set by
+        # the engine around each call; None: nobody follows the text.
+        self.text_sink = None
 
     def remaining_s(self):
         return max(0.0, self.deadline - self._clock())
@@ -95,6 +99,12 @@ class CallContext:
     def report_progress(self, percent):
         if self._on_progress is not None:
             self._on_progress(max(0, min(99, int(percent))))
+
+    def report_text(self, text):
+        """A streaming provider reports each piece of generated text as it arrives; the engine
+        forwards it to the job's live stream. It must never be logged or stored."""
+        if text and self.text_sink is not None:
+            self.text_sink.write(text)
 
 
 @dataclass

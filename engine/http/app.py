@@ -46,7 +46,7 @@ from ..core.models import AiJob
 from ..core.service import CreateJobInput
 from ..core.store import OperationalError, PoolExhausted
 from ..execution.usage import usage_totals
-from . import history_view, json_body, stream, views
+from . import history_view, json_body, stream, text_feed, views
 from . import params as admin_jobs
 from .auth import TokenStore, bearer_token
 from .budget_views import BudgetEndpoints
@@ -378,12 +378,27 @@ def create_request(principal, body, header_key):
 
 # ---------------------------------------------------------------- waiting for a change
 class _Waiter:
-    __slots__ = ('job_id', 'user_id', 'changed', 'seen')
+    __slots__ = ('job_id', 'user_id', 'changed', 'seen', 'due', '_lock')
 
     def __init__(self, job_id, user_id):
         self.job_id, self.user_id = job_id, user_id
         self.changed = threading.Event()
         self.seen = None  # the job's status columns as the watcher last saw them
+        self.due = set()  # what changed since the waiter last looked: history, text (a stream)
+        self._lock = threading.Lock()
+
+    def wake(self, what):
+        with self._lock:
+            self.due.add(what)
+            self.changed.set()
+
+    def take(self):
+        """What changed since the last call, the wake-up cleared in the same step (a wake
+        that comes after it is kept for the next call)."""
+        with self._lock:
+            self.changed.clear()
+            due, self.due = self.due, set()
+        return due
 
 
 class Watch:
@@ -462,14 +477,14 @@ class Watch:
                 for job_id, waiters in self._by_job.items():
                     for waiter in waiters:
                         if rows is None:
-                            waiter.changed.set()
+                            waiter.wake(text_feed.HISTORY)
                             continue
                         seen = rows.get(job_id)
                         if seen != waiter.seen:
                             # The first sighting wakes the waiter once too: the job may have
                             # changed between the waiter's own read and this one.
                             waiter.seen = seen
-                            waiter.changed.set()
+                            waiter.wake(text_feed.HISTORY)
             time.sleep(self.poll_s)
 
     def _read(self, job_ids):
@@ -506,6 +521,7 @@ class Api:
             read=stream.watch_reader(runtime.store),
             too_many=TooManyStreamsError,
         )
+        self.text_feed = text_feed.TextFeed(runtime.text_channel)
         job_types = sorted(d.job_type for d in runtime.registry.get_all())
         self.openapi = build_openapi(
             runtime.registry,
@@ -626,23 +642,32 @@ class Api:
         connection while the stream runs (``db=False``)."""
         with self.store.connection():
             principal = self.caller()
-            after_id = stream.parse_last_event_id(_header('Last-Event-ID'))
-            fresh = after_id is None
+            position = stream.parse_last_event_id(_header('Last-Event-ID'))
+            fresh = position is None
             if fresh:
                 # The latest event id before the status (READ COMMITTED): a change committed
                 # between the two reads is in the status and is also sent as the next event,
                 # never lost.
-                after_id = stream.latest_event_ids([job_id]).get(job_id, 0)
+                latest = stream.latest_event_ids([job_id]).get(job_id, 0)
+                position = stream.Position(latest)
             job, refs = self.visible_status(job_id, principal)
             ended = job.lifecycle_status in TERMINAL
+            after_id = position.history_id
             if not fresh and ended and not JobHistory(self.store).list(job_id, after_id, 1):
                 # Nothing after the client's last event and nothing will come: 204 tells an
                 # EventSource to stop reconnecting.
                 return bottle.HTTPResponse(status=204, headers={'Cache-Control': 'no-store'})
         opening = None
         if fresh:
-            opening = stream.message('status', self.status_body(job, refs), after_id)
+            opening = stream.message('status', self.status_body(job, refs), str(after_id))
         waiter = self.streams.enter(job_id, principal.user_id)
+        # The live text only while the job runs: a stream opened after its end gets its final
+        # status, as one that never saw text would.
+        text = None
+        if not ended:
+            text = text_feed.TextFollower(
+                self.runtime.text_channel, self.text_feed, waiter, position.attempt, position.offset
+            )
         config = self.runtime.config
         settings = (config.stream_heartbeat_ms / 1000.0, config.stream_max_s, GONE_CHECK_S)
         environ = bottle.request.environ
@@ -650,11 +675,12 @@ class Api:
             self.store,
             self.streams,
             waiter,
-            after_id,
+            position,
             opening,
             settings,
             lambda: _client_gone(environ),
             fresh and ended,
+            text,
         )
         log_event('http.stream_opened', job_id=job_id, user_id=principal.user_id)
         headers = {

@@ -203,8 +203,12 @@ SSE_EVENT = {
     'type': 'object',
     'properties': {
         'event': {'type': 'string'},
-        'data': {'type': 'string', 'description': 'JSON: the status or the event row.'},
-        'id': {'type': 'string', 'pattern': '^[0-9]+$'},
+        'data': {
+            'type': 'string',
+            'description': 'JSON: the status, the event row, `{attempt, offset, text}` (delta) '
+            'or `{attempt}` (reset).',
+        },
+        'id': {'type': 'string', 'pattern': '^[0-9]+(-[1-9][0-9]*-[0-9]+)?$'},
         'retry': {'type': 'integer'},
     },
 }
@@ -219,8 +223,15 @@ def _stream_paths():
                 'its id the latest event id), then one event per change, named by its kind '
                 '(created, dispatched, started, progress, retry_scheduled, fallback, taken_over, '
                 'cancel_requested, succeeded, failed, cancelled, ...), data `{id, jobId, kind, '
-                'attemptNo, detail, at}`, then the final `event: status`, then it ends. With '
-                'Last-Event-ID only the events after it are sent. Idle: a comment line every '
+                'attemptNo, detail, at}`, then the final `event: status`, then it ends. While '
+                'the job runs, the text its provider streams comes as `event: delta`, data '
+                '`{attempt, offset, text}` (offset: characters of that attempt before this '
+                'text), at most one per 100 ms; a retry or fallback starts a new attempt with '
+                '`event: reset`, data `{attempt}`: drop the text so far. An event id is '
+                '`<historyId>` until the client has text, then `<historyId>-<attempt>-<offset>` '
+                '(the text it has). With Last-Event-ID only the events after it are sent, the '
+                'text from where the client is (a plain history id: the current attempt from '
+                'its start); after the job has ended, no text. Idle: a comment line every '
                 'AIJOB_STREAM_HEARTBEAT_MS; closed after AIJOB_STREAM_MAX_S.',
                 'parameters': [
                     _path_param('jobId'),
@@ -228,8 +239,12 @@ def _stream_paths():
                         'name': 'Last-Event-ID',
                         'in': 'header',
                         'required': False,
-                        'schema': {'type': 'string', 'pattern': '^[0-9]{1,19}$'},
-                        'description': 'Resume after this event.',
+                        'schema': {
+                            'type': 'string',
+                            'pattern': '^[0-9]{1,19}(-[1-9][0-9]{0,8}-[0-9]{1,12})?$',
+                        },
+                        'description': 'Resume after this event: its id, `<historyId>` or '
+                        '`<historyId>-<attempt>-<offset>`.',
                     },
                 ],
                 'responses': dict(

@@ -1,7 +1,12 @@
 """The live event stream of one job, ``GET /api/ai/jobs/{id}/stream`` (architecture decision 15):
 server-sent events built on the job's history (``ai_job_event``, decision 14), whose increasing
 row ids are the events' ids, so ``Last-Event-ID`` resumes exactly after the last event a client
-got.
+got; and, while the job runs, the text its provider streams (``event: delta``, text_feed.py).
+
+An event id is the stream's position: ``<history id>`` until the client has text, then
+``<history id>-<attempt>-<offset>`` (the history row it has last, the text attempt it has and
+how many characters of it). Both resume exactly; a plain history id (a client from before
+deltas, or one that got none) asks for the current attempt's text from its start.
 
 A fresh stream opens with the job's current status (``event: status``, the JobStatusResponse,
 its id the job's latest history row), then sends each history row written after it (``event:
@@ -18,7 +23,9 @@ AIJOB_STREAM_MAX_S (the client reconnects with Last-Event-ID).
 
 import json
 import logging
+import re
 import time
+from typing import NamedTuple, Optional
 
 from peewee import fn
 
@@ -28,6 +35,7 @@ from ..core.lifecycle import TERMINAL
 from ..core.logs import log_event
 from ..core.models import AiJobEvent
 from ..core.status_view import find_for_status, job_status
+from . import text_feed
 
 CONTENT_TYPE = 'text/event-stream; charset=utf-8'
 RECONNECT_MS = 2000  # the ``retry:`` an EventSource waits before it reconnects
@@ -36,16 +44,38 @@ ROWS_PER_READ = 200  # history rows sent per read of a job's new rows
 DONE, MORE, WAIT = 'done', 'more', 'wait'  # what a stream does after sending what it read
 
 
+# ``<history id>`` or ``<history id>-<attempt>-<offset>``, as the document's pattern says.
+EVENT_ID = re.compile(r'([0-9]{1,19})(?:-([1-9][0-9]{0,8})-([0-9]{1,12}))?')
+
+
+class Position(NamedTuple):
+    """Where a client is: the last history row it has, and the text attempt and how many
+    characters of it it has (``attempt`` None: no text yet)."""
+
+    history_id: int
+    attempt: Optional[int] = None
+    offset: int = 0
+
+    def event_id(self):
+        if self.attempt is None:
+            return str(self.history_id)
+        return '%d-%d-%d' % self
+
+
 def parse_last_event_id(raw):
-    """The id a client resumes after (its ``Last-Event-ID`` header), or None for a fresh
-    stream. Only ids this service sent are accepted: whole numbers."""
+    """The Position a client resumes after (its ``Last-Event-ID`` header), or None for a fresh
+    stream. Only ids this service sends are accepted."""
     if raw is None:
         return None
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:  # as the document's pattern
+    match = EVENT_ID.fullmatch(raw) if raw.isascii() else None
+    if match is None:
         raise InvalidRequestError(
             'Last-Event-ID must be the id of an event of this stream', field='Last-Event-ID'
         )
-    return int(raw)
+    history_id, attempt, offset = match.groups()
+    if attempt is None:
+        return Position(int(history_id))
+    return Position(int(history_id), int(attempt), int(offset))
 
 
 def latest_event_ids(job_ids):
@@ -76,7 +106,7 @@ def watch_reader(store):
 
 def message(event, data, event_id=None):
     """One server-sent event (JSON data on one line, so no ``data:`` continuation is needed)."""
-    lines = [] if event_id is None else ['id: %d' % event_id]
+    lines = [] if event_id is None else ['id: %s' % event_id]
     lines.append('event: %s' % event)
     lines.append('data: %s' % json.dumps(data, separators=(',', ':'), ensure_ascii=False))
     return ('\n'.join(lines) + '\n\n').encode('utf-8')
@@ -85,18 +115,29 @@ def message(event, data, event_id=None):
 class JobStream:
     """The body of one stream: an iterable of bytes that the WSGI server sends chunk by chunk.
     ``close()`` (called by the server when the stream ends or the client goes) releases the
-    stream's place in the watch, whether or not it was ever iterated."""
+    stream's place in the watch and the text feed, whether or not it was ever iterated.
 
-    def __init__(self, store, watch, waiter, after_id, opening, settings, gone, ended=False):
+    ``text`` (a text_feed.TextFollower, or None for a job that had ended when the stream opened)
+    adds the job's live text: after each read of new history rows, the new text; once the job
+    has ended, its last text before its terminal event."""
+
+    def __init__(
+        self, store, watch, waiter, position, opening, settings, gone, ended=False, text=None
+    ):
         self.store = store
         self.history = JobHistory(store)
         self.watch = watch
         self.waiter = waiter
-        self.after_id = after_id  # the id of the last event the client has
+        self.after_id = position.history_id  # the id of the last history event the client has
         self.opening = opening  # the status message of a fresh stream, or None
         self.ended = ended  # the opening status is final: nothing follows it
+        self.text = text
+        # The text position of the messages built so far (the follower reads ahead of them);
+        # kept in the ids even when no text follows, so that a resumed id stays exact.
+        self.attempt, self.offset = position.attempt, position.offset
         self.heartbeat_s, self.max_s, self.check_s = settings
         self.gone = gone  # () -> True once the client has closed its connection
+        self.deltas = 0  # delta and reset events sent (the log line counts them)
         self._left = False
         self._events = self._run()
 
@@ -111,6 +152,12 @@ class JobStream:
         if not self._left:
             self._left = True
             self.watch.leave(self.waiter)
+            if self.text is not None:
+                self.text.close()
+
+    def position(self):
+        """What the client has once it got everything built so far (the next event's id)."""
+        return Position(self.after_id, self.attempt, self.offset)
 
     def _run(self):
         job_id = self.waiter.job_id
@@ -125,8 +172,9 @@ class JobStream:
                     reason = 'terminal'
                     return
             last_sent = time.monotonic()
+            due = {text_feed.HISTORY, text_feed.TEXT}
             while True:
-                chunks, state = self._new_events()
+                chunks, state = self._new_events(due)
                 for chunk in chunks:
                     yield chunk
                     sent += 1
@@ -144,6 +192,7 @@ class JobStream:
                     reason = self._wait(started, last_sent)
                 if reason != 'changed':
                     return
+                due = self.waiter.take()
         except GeneratorExit:  # the server closed the stream: its client went away
             reason = 'client_gone'
             raise
@@ -157,31 +206,55 @@ class JobStream:
                 user_id=self.waiter.user_id,
                 reason=reason,
                 events=sent,
+                deltas=self.deltas,
                 duration_ms=round((time.monotonic() - started) * 1000),
             )
 
-    def _new_events(self):
-        """(messages for the history rows after ``after_id``, DONE, MORE or WAIT). The job's
-        status is read first: once it is terminal, every row up to its terminal change is
-        committed, so the rows read next include them, and the final status goes last."""
+    def _new_events(self, due):
+        """(messages for what changed: ``due`` holds HISTORY, TEXT or both; DONE, MORE or WAIT).
+        The history: the job's status is read first: once it is terminal, every row up to its
+        terminal change is committed, so the rows read next include them, and the final status
+        goes last. The text of a call is in its channel before the call's outcome commits, so
+        the text read after a terminal status is the whole of it. New text that starts an
+        attempt reads the history first, so that ``started`` or ``retry_scheduled`` precede it
+        (the feed usually hears of text before the watch of the row)."""
+        pieces = []
+        if text_feed.HISTORY not in due:
+            pieces = self._text_pieces()
+            if all(attempt == self.attempt for _, _, attempt, _ in pieces):
+                return self._messages(pieces), WAIT
         with self.store.connection():
             job, refs = find_for_status(self.waiter.job_id)
             if job is None:
                 return [], DONE
             rows = self.history.list(self.waiter.job_id, self.after_id, ROWS_PER_READ)
-        chunks = [message(row.kind, row.public(), row.id) for row in rows]
-        if rows:
-            self.after_id = rows[-1].id
+        terminal = job.lifecycle_status in TERMINAL and len(rows) < ROWS_PER_READ
+        chunks = self._messages(pieces + self._text_pieces()) if terminal else []
+        for row in rows:
+            self.after_id = row.id
+            chunks.append(message(row.kind, row.public(), self.position().event_id()))
         if len(rows) == ROWS_PER_READ:
-            return chunks, MORE
-        if job.lifecycle_status in TERMINAL:
-            chunks.append(message('status', job_status(job, refs), self.after_id))
+            return chunks + self._messages(pieces), MORE
+        if terminal:
+            chunks.append(message('status', job_status(job, refs), self.position().event_id()))
             return chunks, DONE
-        return chunks, WAIT
+        return chunks + self._messages(pieces + self._text_pieces()), WAIT
+
+    def _text_pieces(self):
+        return self.text.events() if self.text is not None else []
+
+    def _messages(self, pieces):
+        """The events of text pieces, each id the position once the client has it."""
+        chunks = []
+        for event, data, attempt, offset in pieces:
+            self.attempt, self.offset = attempt, offset
+            chunks.append(message(event, data, self.position().event_id()))
+        self.deltas += len(chunks)
+        return chunks
 
     def _wait(self, started, last_sent):
-        """Until the watch sees a new row ('changed'), a heartbeat is due, the stream's time is
-        up ('max_duration'), the client is gone or the server stops."""
+        """Until the watch sees a new row or the feed new text ('changed'), a heartbeat is due,
+        the stream's time is up ('max_duration'), the client is gone or the server stops."""
         while True:
             now = time.monotonic()
             until_end = self.max_s - (now - started)
@@ -196,5 +269,4 @@ class JobStream:
             if self.watch.stopping():
                 return 'server_stopping'
             if woken:
-                self.waiter.changed.clear()
                 return 'changed'

@@ -49,7 +49,9 @@ def error_reply(status, message='error', code=None, **kw):
 
 class FakeOpenAI:
     def __init__(self, port=0, models=('fake-model',)):
-        self.requests = []  # decoded JSON bodies, with '_headers'
+        # Decoded JSON bodies, with '_headers' (and '_text_started': when a stream's first
+        # piece of text was written, by time.monotonic()).
+        self.requests = []
         self.client_closed = threading.Event()  # a client hung up mid-stream
         self.models = list(models)  # what GET /models lists
         self.models_status = 200  # another status: GET /models answers that error
@@ -174,12 +176,14 @@ def _handler_for(fake):
             self.end_headers()
             self.close_connection = True
             try:
-                for delay, event in _events(body, reply):
+                for number, (delay, event) in enumerate(_events(body, reply)):
                     if delay and self._client_gone_within(delay):
                         fake.client_closed.set()
                         return
                     self.wfile.write(b'data: ' + event.encode() + b'\n\n')
                     self.wfile.flush()
+                    if number == 1:  # the first piece of text (the role chunk comes first)
+                        body['_text_started'] = time.monotonic()
             except (BrokenPipeError, ConnectionResetError):
                 fake.client_closed.set()
 

@@ -1,0 +1,230 @@
+"""Where the live text of running jobs waits for the web tier (docs/architecture.md, decision
+15): a capped Redis stream per job that expires, or, on the embedded default, a list in the
+process. The worker's pump (execution/deltas.py) writes; the web processes' streams read.
+
+A job's channel holds entries in order: ``text`` (attempt, offset, text) and ``reset`` (a new
+attempt begins: a retry, a fallback, a takeover). Attempt numbers come from a counter per job
+kept beside its entries, so two workers never give the same number twice. Entry ids are opaque
+to everyone but the channel (Redis stream ids, or whole numbers); a reader passes back the last
+one it read. Nothing here is durable, and nothing here is ever logged or written to the database:
+a reader that finds the beginning trimmed or expired sees it by the offsets.
+"""
+
+import collections
+import threading
+import time
+from dataclasses import dataclass
+
+import redis
+from redis.exceptions import RedisClusterException
+
+from ..core.errors import QueueUnavailableError
+from .redis_client import connect
+
+TEXT, RESET = 'text', 'reset'
+# A job's attempt counter outlives its text: a retry after a long backoff, once the text has
+# expired, must still get a new number (a client may hold a position in the old attempt).
+COUNTER_TTL_MS = 24 * 3600 * 1000
+READ_COUNT = 200  # entries per job per read of the waiting loop (only the last id is kept)
+
+
+@dataclass(frozen=True)
+class TextEntry:
+    id: object  # the channel's own id of the entry
+    kind: str  # TEXT or RESET
+    attempt: int
+    offset: int = 0
+    text: str = ''
+
+
+def open_text_channel(config):
+    """A Redis stream per job when AIJOB_REDIS_URL is set, else the in-process channel."""
+    ttl_ms, most = config.stream_text_ttl_ms, config.stream_text_max_messages
+    if config.redis_url:
+        return RedisTextChannel(config.redis_url, config.redis_prefix, ttl_ms, most)
+    return MemoryTextChannel(ttl_ms, most)
+
+
+class MemoryTextChannel:
+    """The embedded default: the web tier and the worker share the process (``serve``)."""
+
+    def __init__(self, ttl_ms, max_entries, clock=time.monotonic):
+        self.ttl_s = ttl_ms / 1000.0
+        self.max_entries = max_entries
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._jobs = collections.OrderedDict()  # job id -> _Log, least recently written first
+        self._attempts = collections.OrderedDict()  # job id -> (last attempt, expires at)
+
+    def begin_many(self, job_ids):
+        with self._cond:
+            numbers = [self._next_attempt(job_id) for job_id in job_ids]
+            for job_id, number in zip(job_ids, numbers, strict=True):
+                log = self._log(job_id)
+                if number > 1:
+                    log.add(RESET, number, 0, '')
+            self._cond.notify_all()
+            return numbers
+
+    def _next_attempt(self, job_id):
+        now = self._clock()
+        _drop_expired(self._attempts, now, lambda item: item[1])
+        number = self._attempts.pop(job_id, (0, 0.0))[0] + 1
+        self._attempts[job_id] = (number, now + max(self.ttl_s, COUNTER_TTL_MS / 1000.0))
+        return number
+
+    def append_many(self, messages):
+        with self._cond:
+            for job_id, attempt, offset, text in messages:
+                self._log(job_id).add(TEXT, attempt, offset, text)
+            self._cond.notify_all()
+
+    def read(self, job_id, after=None):
+        with self._cond:
+            log = self._jobs.get(job_id)
+            if log is None:
+                return []
+            return [entry for entry in log.entries if after is None or entry.id > after]
+
+    def wait_new(self, cursors, timeout_s):
+        """{job id: its last entry id} for the jobs of ``cursors`` ({job id: last id read, or
+        None}) that have entries after it; waits up to ``timeout_s`` for one."""
+        deadline = self._clock() + timeout_s
+        with self._cond:
+            while True:
+                found = {}
+                for job_id, after in cursors.items():
+                    log = self._jobs.get(job_id)
+                    if log is not None and log.entries and log.entries[-1].id > (after or 0):
+                        found[job_id] = log.entries[-1].id
+                left = deadline - self._clock()
+                if found or left <= 0:
+                    return found
+                self._cond.wait(left)
+
+    def close(self):
+        pass
+
+    def _log(self, job_id):
+        """The job's log, marked as just written; logs unwritten for the TTL go."""
+        now = self._clock()
+        _drop_expired(self._jobs, now, lambda log: log.expires_at)
+        log = self._jobs.pop(job_id, None) or _Log(self.max_entries)
+        log.expires_at = now + self.ttl_s
+        self._jobs[job_id] = log
+        return log
+
+
+def _drop_expired(ordered, now, expires_at):
+    """Drop the expired items at the front of ``ordered`` (least recently written first)."""
+    while ordered:
+        oldest_id, oldest = next(iter(ordered.items()))
+        if expires_at(oldest) > now:
+            return
+        del ordered[oldest_id]
+
+
+class _Log:
+    def __init__(self, max_entries):
+        self.entries = collections.deque(maxlen=max_entries)
+        self.next_id = 1
+        self.expires_at = 0.0
+
+    def add(self, kind, attempt, offset, text):
+        self.entries.append(TextEntry(self.next_id, kind, attempt, offset, text))
+        self.next_id += 1
+
+
+def _translate(method):
+    """Driver errors stop at this edge, as the queue's do."""
+
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (redis.RedisError, RedisClusterException) as exc:
+            raise QueueUnavailableError('redis: %s' % exc.__class__.__name__) from None
+
+    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
+    return wrapper
+
+
+class RedisTextChannel:
+    """A Redis stream per job, ``{prefix}:{text}:<jobId>``, capped at ``max_entries`` (MAXLEN,
+    approximate) and expiring ``ttl_ms`` after its last entry, with its attempt counter beside it
+    (``…:<jobId>:attempts``). Every key shares the ``{text}`` hash tag, so one XREAD waits on
+    the streams of every job a web process follows, on a Redis Cluster too."""
+
+    def __init__(self, url, prefix, ttl_ms, max_entries):
+        self.url = url
+        self.prefix = prefix
+        self.ttl_ms = ttl_ms
+        self.max_entries = max_entries
+        self._client = None
+        self._client_lock = threading.Lock()
+
+    @property
+    def redis(self):
+        if self._client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = connect(self.url)
+        return self._client
+
+    def key(self, job_id):
+        return '%s:{text}:%s' % (self.prefix, job_id)
+
+    def _job_of(self, key):
+        return key[len(self.prefix) + len(':{text}:') :]
+
+    @_translate
+    def begin_many(self, job_ids):
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            counter = self.key(job_id) + ':attempts'
+            pipe.incr(counter)
+            pipe.pexpire(counter, max(self.ttl_ms, COUNTER_TTL_MS))
+        numbers = pipe.execute()[0::2]
+        resets = [(job_id, n) for job_id, n in zip(job_ids, numbers, strict=True) if n > 1]
+        if resets:
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id, number in resets:
+                self._add(pipe, job_id, {'k': 'r', 'a': number})
+            pipe.execute()
+        return numbers
+
+    @_translate
+    def append_many(self, messages):
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id, attempt, offset, text in messages:
+            self._add(pipe, job_id, {'k': 't', 'a': attempt, 'o': offset, 't': text})
+        pipe.execute()
+
+    def _add(self, pipe, job_id, fields):
+        key = self.key(job_id)
+        pipe.xadd(key, fields, maxlen=self.max_entries, approximate=True)
+        pipe.pexpire(key, self.ttl_ms)
+
+    @_translate
+    def read(self, job_id, after=None):
+        low = '-' if after is None else '(' + after
+        entries = self.redis.xrange(self.key(job_id), low)
+        return [_entry(entry_id, fields) for entry_id, fields in entries]
+
+    @_translate
+    def wait_new(self, cursors, timeout_s):
+        """As MemoryTextChannel.wait_new: one XREAD, blocking at most ``timeout_s``, over every
+        job's stream."""
+        streams = {self.key(job_id): after or '0-0' for job_id, after in cursors.items()}
+        block_ms = max(1, int(timeout_s * 1000))
+        answer = self.redis.xread(streams, count=READ_COUNT, block=block_ms) or []
+        return {self._job_of(key): entries[-1][0] for key, entries in answer if entries}
+
+    def close(self):
+        if self._client is not None:
+            self._client.close()
+
+
+def _entry(entry_id, fields):
+    if fields.get('k') == 'r':
+        return TextEntry(entry_id, RESET, int(fields['a']))
+    return TextEntry(entry_id, TEXT, int(fields['a']), int(fields['o']), fields.get('t', ''))

@@ -1,0 +1,182 @@
+"""The live text of running provider calls (docs/architecture.md, decision 15): what a streaming
+provider reports through its CallContext goes, coalesced, to a channel (dispatch/deltas.py: a
+capped Redis stream per job, or in the process) that the web tier's job streams read.
+
+Each provider call writes into a TextSink. One pump thread per process sends what the sinks
+hold: at most one message per call every INTERVAL_S, sooner when MAX_CHARS are waiting, all due
+messages of all calls in one round trip. The provider's own thread only appends to a list, so a
+slow or absent Redis never slows a call down. A call's first message asks the channel for the
+job's next text attempt number (a retry, a fallback or a takeover starts a new one, which the
+stream announces with ``reset``); its offsets count characters from the start of that attempt's
+text. A sink's ``close`` waits (briefly) until its last text is sent, so the text of a call is in
+the channel before the job's terminal write commits.
+
+The text is job output: it is never logged, never written to the database.
+"""
+
+import logging
+import threading
+import time
+
+from ..core.logs import log_event
+
+INTERVAL_S = 0.1  # at most one message per call this often...
+MAX_CHARS = 512  # ...unless this many characters are waiting
+CLOSE_WAIT_S = 2.0  # how long a finished call waits for its last text to go out
+IDLE_EXIT_S = 30.0  # the pump thread ends after this long with nothing to send
+
+
+class TextSink:
+    """The text of one provider call, as the pump sees it. Its fields belong to the pump and
+    change only under the pump's lock."""
+
+    def __init__(self, pump, job_id):
+        self.pump = pump
+        self.job_id = job_id
+        self.attempt = None  # the channel's attempt number, given with the first message
+        self.pending = []  # text written and not yet taken into a message
+        self.pending_chars = 0
+        self.written = 0  # characters written so far
+        self.sent = 0  # characters whose message went out (or was dropped by a failed send)
+        self.next_at = 0.0  # no message before this monotonic time, unless MAX_CHARS wait
+        self.closed = False
+
+    def write(self, text):
+        self.pump.write(self, text)
+
+    def close(self):
+        self.pump.close(self)
+
+
+class _Message:
+    __slots__ = ('sink', 'offset', 'text')
+
+    def __init__(self, sink, offset, text):
+        self.sink, self.offset, self.text = sink, offset, text
+
+
+class DeltaPump:
+    """Coalesces the sinks' text into messages and sends them to ``channel`` (which has
+    ``begin_many(job_ids)`` and ``append_many(messages)``). ``forwarded`` counts the messages
+    sent (the benchmark reads it)."""
+
+    def __init__(self, channel, interval_s=INTERVAL_S, max_chars=MAX_CHARS, clock=time.monotonic):
+        self.channel = channel
+        self.interval_s = interval_s
+        self.max_chars = max_chars
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._waiting = set()  # sinks holding text not yet taken into a message
+        self._thread = None
+        self._stopped = False
+        self.forwarded = 0
+
+    def open(self, job_id):
+        return TextSink(self, job_id)
+
+    def write(self, sink, text):
+        with self._cond:
+            if sink.closed or self._stopped:
+                return
+            fresh = not sink.pending
+            sink.pending.append(text)
+            sink.pending_chars += len(text)
+            sink.written += len(text)
+            self._waiting.add(sink)
+            # The pump needs to hear only of a sink it does not wait for yet, or one that is full;
+            # otherwise it already sleeps until this sink's next message is due.
+            if fresh or sink.pending_chars >= self.max_chars:
+                self._cond.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name='text-pump', daemon=True)
+                self._thread.start()
+
+    def close(self, sink):
+        """The call is over: its remaining text goes out as its message is due (within
+        ``interval_s``); returns once it has, or after CLOSE_WAIT_S (the job's result does not
+        wait on a stalled channel)."""
+        if sink.written == 0:  # no text (most calls of most job types): nothing to wait for
+            sink.closed = True  # written only by the call's own thread, which is this one
+            return
+        deadline = self._clock() + CLOSE_WAIT_S
+        with self._cond:
+            sink.closed = True
+            if sink.sent >= sink.written or self._thread is None:
+                return
+            self._cond.notify()
+            while sink.sent < sink.written and not self._stopped:
+                left = deadline - self._clock()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
+
+    def stop(self):
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def _run(self):
+        while True:
+            with self._cond:
+                messages = self._due()
+                idle_since = self._clock()
+                while not messages:
+                    if self._stopped or self._clock() - idle_since > IDLE_EXIT_S:
+                        self._thread = None
+                        return
+                    self._cond.wait(self._sleep_s())
+                    messages = self._due()
+            self._send(messages)
+            with self._cond:
+                now = self._clock()
+                for message in messages:
+                    # The pace counts from the send, so that a slow round trip never lets two
+                    # messages of a call reach the channel closer than ``interval_s``.
+                    message.sink.next_at = now + self.interval_s
+                    message.sink.sent = message.offset + len(message.text)
+                self._cond.notify_all()  # closing sinks wait for their last message
+
+    def _due(self):
+        """The messages due now, taken out of their sinks (under the lock)."""
+        now = self._clock()
+        messages = []
+        for sink in list(self._waiting):
+            if now < sink.next_at and sink.pending_chars < self.max_chars:
+                continue  # a closing sink's last text keeps the pace too
+            text = ''.join(sink.pending)
+            offset = sink.written - len(text)
+            messages.append(_Message(sink, offset, text))
+            sink.pending, sink.pending_chars = [], 0
+            sink.next_at = now + self.interval_s  # set again once sent
+            self._waiting.discard(sink)
+        return messages
+
+    def _sleep_s(self):
+        """Until the earliest sink's next message is due (IDLE_EXIT_S with none waiting)."""
+        if not self._waiting:
+            return IDLE_EXIT_S
+        now = self._clock()
+        return max(0.001, min(sink.next_at for sink in self._waiting) - now)
+
+    def _send(self, messages):
+        """One round trip for the attempt numbers of calls sending their first text, one for all
+        the messages. A failure drops these messages (the text is only a preview: the job's
+        result is unaffected, and the offsets show a reader the gap)."""
+        try:
+            starting = [m.sink for m in messages if m.sink.attempt is None]
+            if starting:
+                numbers = self.channel.begin_many([sink.job_id for sink in starting])
+                for sink, number in zip(starting, numbers, strict=True):
+                    sink.attempt = number
+            self.channel.append_many(
+                [(m.sink.job_id, m.sink.attempt, m.offset, m.text) for m in messages]
+            )
+            self.forwarded += len(messages)
+        except Exception as exc:
+            # Never the text, nor the exception's message (it may quote a command's arguments).
+            log_event(
+                'job.text_send_failed',
+                logging.WARNING,
+                messages=len(messages),
+                error_type=exc.__class__.__name__,
+            )
