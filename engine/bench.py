@@ -50,7 +50,7 @@ GATEWAY_SETTINGS = {
     'AIJOB_PRICE_TABLE': '{"*": {"prompt": "0.27", "completion": "1.10"}}',
     'AIJOB_RATE_LIMITS': '{"synthetic/synthetic-1": {"rpm": 1000000000, "tpm": 1000000000000}}',
 }
-GATEWAY_BUDGET = ('global', '', 'day', '1000000000', 'fail')  # never reached
+GATEWAY_BUDGET = ('global', '', 'day', '99999999', 'fail')  # never reached
 
 
 def gateway_config(environ):
