@@ -15,7 +15,6 @@ from tests.support.fake_openai import (
 )
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS
-from tests.test_leader_processes import spawn  # noqa: F401
 
 LIMIT, WINDOW_S, JOBS = 20, 2.0, 200
 CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'}]}
@@ -42,7 +41,7 @@ def settings(base_url):
 def test_three_workers_never_call_a_provider_over_its_limit_and_keep_to_its_rate(
     make_runtime,
     backend,
-    spawn,  # noqa: F811
+    spawn,
     fake,  # noqa: F811
 ):
     fake.script(json_reply(CARDS))
@@ -100,7 +99,7 @@ def test_three_workers_never_call_a_provider_over_its_limit_and_keep_to_its_rate
 def test_a_job_deferred_by_a_worker_killed_9_is_woken_by_another(
     make_runtime,
     backend,
-    spawn,  # noqa: F811
+    spawn,
 ):
     env = dict(
         FAST_SETTINGS,
