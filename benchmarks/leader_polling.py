@@ -13,7 +13,6 @@ ratios). Stops only the processes it started, by pid.
 """
 
 import argparse
-import json
 import os
 import pathlib
 import signal
@@ -31,6 +30,8 @@ sys.path.insert(0, ROOT)
 import pymysql  # noqa: E402
 import redis  # noqa: E402
 
+from tests.support.worker_processes import log_events  # noqa: E402
+
 DATABASE_URL = 'mysql://root@127.0.0.1:3306/bench_leader'
 REDIS_URL = 'redis://127.0.0.1:6379/0'
 
@@ -44,18 +45,6 @@ def database(action):
         if action == 'create':
             cursor.execute('CREATE DATABASE `%s` CHARACTER SET utf8mb4' % name)
     conn.close()
-
-
-def events(path, name):
-    found = []
-    for line in path.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if event.get('event') == name:
-            found.append(event)
-    return found
 
 
 def one_round(folder, workers, seconds):
@@ -75,7 +64,7 @@ def one_round(folder, workers, seconds):
             )
             procs.append((proc, log, log_path))
             deadline = time.monotonic() + 60
-            while not events(log_path, 'worker.started') and time.monotonic() < deadline:
+            while not log_events(log_path, 'worker.started') and time.monotonic() < deadline:
                 time.sleep(0.1)
         time.sleep(seconds)
         for proc, _, _ in procs:
@@ -85,8 +74,8 @@ def one_round(folder, workers, seconds):
             log.close()
         rates = {'leader': None, 'followers': []}
         for _, _, log_path in procs:
-            started = events(log_path, 'worker.started')[0]
-            stopped = events(log_path, 'worker.stopped')[0]
+            started = log_events(log_path, 'worker.started')[0]
+            stopped = log_events(log_path, 'worker.stopped')[0]
             rate = stopped['statements'] / seconds
             if started['leader']:
                 rates['leader'] = rate

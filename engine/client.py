@@ -187,27 +187,35 @@ class Follower:
 
     def poll(self):
         """One long poll (with the retries an outage needs); updates the display."""
+        reply = self.retrying(self.long_poll)
+        if reply.status == 200:
+            self.job, self.etag = reply.body, reply.headers.get('etag')
+        self.show()
+
+    def long_poll(self):
+        return self.api.call(
+            'GET',
+            '/api/ai/jobs/%s?waitMs=%d' % (self.job['jobId'], WAIT_MS),
+            headers={'If-None-Match': self.etag} if self.etag else None,
+            timeout_s=WAIT_MS / 1000.0 + 15,
+            ok=(200, 304),
+        )
+
+    def retrying(self, attempt):
+        """``attempt()``'s result, tried again while the server is away (no connection, 429,
+        502-504) for up to GIVE_UP_S, each wait said on stderr: a restart or a deploy of the
+        server must not end the wait."""
         deadline = time.monotonic() + GIVE_UP_S
         delay_s = 0.5
         while True:
             try:
-                reply = self.api.call(
-                    'GET',
-                    '/api/ai/jobs/%s?waitMs=%d' % (self.job['jobId'], WAIT_MS),
-                    headers={'If-None-Match': self.etag} if self.etag else None,
-                    timeout_s=WAIT_MS / 1000.0 + 15,
-                    ok=(200, 304),
-                )
-                break
+                return attempt()
             except ClientError as exc:
                 if exc.status not in (None, 429, 502, 503, 504) or time.monotonic() > deadline:
                     raise
                 self.note('waiting for the server (%s)' % exc)
                 time.sleep(exc.retry_after or delay_s)
                 delay_s = min(5.0, delay_s * 2)
-        if reply.status == 200:
-            self.job, self.etag = reply.body, reply.headers.get('etag')
-        self.show()
 
     # -- Ctrl-C
     def on_interrupt(self):
@@ -321,17 +329,7 @@ class StreamFollower(Follower):
 
     def poll(self):
         """One stream, until the server closes it (with the retries an outage needs)."""
-        deadline = time.monotonic() + GIVE_UP_S
-        delay_s = 0.5
-        while True:
-            try:
-                return self.read_stream()
-            except ClientError as exc:
-                if exc.status not in (None, 429, 502, 503, 504) or time.monotonic() > deadline:
-                    raise
-                self.note('waiting for the server (%s)' % exc)
-                time.sleep(exc.retry_after or delay_s)
-                delay_s = min(5.0, delay_s * 2)
+        self.retrying(self.read_stream)
 
     def read_stream(self):
         path = '/api/ai/jobs/%s/stream' % self.job['jobId']
@@ -382,11 +380,7 @@ class StreamFollower(Follower):
             self.note('job %s %s' % (self.job['jobId'], state))
         self.shown = state
 
-    def note(self, text):
-        self.end_line()
-        print(text, file=self.err, flush=True)
-
-    def end_line(self):
+    def end_line(self):  # note() (Follower's) ends the streamed text's line with this
         if self.mid_line:
             self.out.write('\n')
             self.out.flush()

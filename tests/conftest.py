@@ -10,4 +10,5 @@ pytest_plugins = (
     'tests.support.fake_openai',
     'tests.support.receiver',
     'tests.support.dashboard',
+    'tests.support.worker_processes',
 )

@@ -7,44 +7,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
-from tests.support.wsgi import OpenApiCheck, Response
+from tests.support.servers import free_port, http, wait_healthy
+from tests.support.wsgi import OpenApiCheck
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
-
-def http(method, url, token=None, body=None):
-    headers = {'Content-Type': 'application/json'} if body is not None else {}
-    if token:
-        headers['Authorization'] = 'Bearer ' + token
-    data = json.dumps(body).encode('utf-8') if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=40) as reply:
-            return Response(reply.status, reply.getheaders(), reply.read())
-    except urllib.error.HTTPError as error:
-        return Response(error.code, error.headers.items(), error.read())
-
-
-def wait_healthy(base, proc, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, 'serve exited with %s' % proc.returncode
-        try:
-            if http('GET', base + '/healthz').status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError('serve did not answer within %.0fs' % timeout_s)
 
 
 def test_serve_runs_a_synthetic_job_to_succeeded_over_real_http(backend, make_runtime, tmp_path):

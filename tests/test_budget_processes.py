@@ -19,24 +19,10 @@ from tests.support.backends import require_servers
 from tests.support.fake_openai import json_reply
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS, PROVIDER_SETTINGS
-from tests.test_leader_processes import Worker
 
 CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'}]}
 CARD_INPUT = {'text': 'Paris is the capital of France.', 'maxCards': 1}
 MAX_TOKENS = 20
-
-
-@pytest.fixture
-def spawn(tmp_path):
-    started = []
-
-    def start(env):
-        started.append(Worker(tmp_path, env))
-        return started[-1]
-
-    yield start
-    for worker in started:
-        worker.close()
 
 
 @pytest.fixture

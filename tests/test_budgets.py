@@ -274,13 +274,19 @@ def test_a_settle_rolled_back_with_its_transaction_leaves_the_reservation(budget
     assert spend_of(AiBudget.get().id) == (Decimal('0.1'), 0)
 
 
+def second_call_refused(rt, scope, subject, period, on_exceeded, refusal):
+    """Under a budget of 0.3, which one call's MAX_COST fits and two do not, the first call is
+    let through and the second raises ``refusal``: returns that exception."""
+    rt.budgets.put(scope, subject, period, Decimal('0.3'), on_exceeded)
+    guard = guard_of(rt)
+    guard.before(a_call(running_job(rt)))
+    with pytest.raises(refusal) as refused:
+        guard.before(a_call(running_job(rt)))
+    return refused.value
+
+
 def test_a_call_over_a_fail_budget_fails_the_job_without_retry(budget_rt):
-    budget_rt.budgets.put('user', 'user-a', 'day', Decimal('0.3'), 'fail')
-    guard = guard_of(budget_rt)
-    guard.before(a_call(running_job(budget_rt)))
-    with pytest.raises(BudgetExceededFailure) as refused:
-        guard.before(a_call(running_job(budget_rt)))
-    failure = refused.value
+    failure = second_call_refused(budget_rt, 'user', 'user-a', 'day', 'fail', BudgetExceededFailure)
     assert isinstance(failure, JobFailure) and failure.code == 'BUDGET_EXCEEDED'
     assert not failure.retryable and not failure.may_retry('retry', 0)
     assert 'daily user user-a budget' in failure.public_message
@@ -289,15 +295,11 @@ def test_a_call_over_a_fail_budget_fails_the_job_without_retry(budget_rt):
 
 
 def test_a_call_over_a_wait_budget_is_deferred_until_the_period_resets(budget_rt):
-    budget_rt.budgets.put('global', '', 'month', Decimal('0.3'), 'wait')
-    guard = guard_of(budget_rt)
-    guard.before(a_call(running_job(budget_rt)))
-    with pytest.raises(JobDeferred) as deferred:
-        guard.before(a_call(running_job(budget_rt)))
+    deferred = second_call_refused(budget_rt, 'global', '', 'month', 'wait', JobDeferred)
     now = budget_rt.store.clock()
-    assert deferred.value.reason == 'budget'
-    assert abs(deferred.value.delay_s - (period_reset('month', now) - now).total_seconds()) < 5
-    assert deferred.value.detail == {'budgetIds': [AiBudget.get().id]}
+    assert deferred.reason == 'budget'
+    assert abs(deferred.delay_s - (period_reset('month', now) - now).total_seconds()) < 5
+    assert deferred.detail == {'budgetIds': [AiBudget.get().id]}
 
 
 def test_wait_fails_all_the_same_when_the_call_alone_is_over_the_budget(budget_rt):

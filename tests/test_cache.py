@@ -28,7 +28,7 @@ from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
 from tests.support.cached_jobs import CACHED_CARDS
 from tests.support.fake_openai import error_reply, json_reply
 from tests.support.helpers import create_job, wait_until
-from tests.test_leader_processes import Worker
+from tests.support.worker_processes import Worker
 from tests.test_metrics import parse, value
 
 CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'}]}

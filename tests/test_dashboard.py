@@ -19,7 +19,8 @@ from engine.http.auth import TokenStore
 from tests.support.api import run_to_failed, run_to_running
 from tests.support.dashboard import FormClient
 from tests.support.helpers import create_job
-from tests.test_api_serve import ROOT, free_port, http, wait_healthy
+from tests.support.servers import free_port, http, wait_healthy
+from tests.test_api_serve import ROOT
 
 XSS = '<script>window.__pwned = 1</script>'
 

@@ -66,13 +66,20 @@ def pop_and_run(rt, engine, timeout_s=2.0):
     return delivery, engine.execute(delivery.message.job_id)
 
 
-def test_a_deferred_job_waits_without_a_holder_and_is_not_locked_before_its_time(deferring_rt):
-    rt = deferring_rt(1, 1.5)
-    engine = ExecutionEngine(rt, 'worker-a')  # no waker: the outbox carries the wake-up
+def create_and_defer(rt, engine):
+    """Create a job, push it and run it once, which its guard defers: (job, its delivery, not
+    acked yet: some tests ack it late or never)."""
     job = create_job(rt)
     rt.dispatcher.cycle()
     delivery, status = pop_and_run(rt, engine)
     assert status == DEFERRED
+    return job, delivery
+
+
+def test_a_deferred_job_waits_without_a_holder_and_is_not_locked_before_its_time(deferring_rt):
+    rt = deferring_rt(1, 1.5)
+    engine = ExecutionEngine(rt, 'worker-a')  # no waker: the outbox carries the wake-up
+    job, delivery = create_and_defer(rt, engine)
     rt.queue.ack(delivery)
 
     waiting = AiJob.get_by_id(job.id)
@@ -127,10 +134,7 @@ def test_deferrals_spend_no_retry_and_no_attempt_of_the_queue(deferring_rt):
 def test_a_wake_up_is_not_swallowed_by_the_message_its_worker_has_not_acked_yet(deferring_rt):
     rt = deferring_rt(1, 0.05)
     engine = ExecutionEngine(rt, 'worker-a')
-    job = create_job(rt)
-    rt.dispatcher.cycle()
-    first, status = pop_and_run(rt, engine)
-    assert status == DEFERRED
+    job, first = create_and_defer(rt, engine)
     # The wake-up is pushed while the first message is still unacked (its marker still live).
     wait_until(lambda: rt.dispatcher.cycle() == 1, timeout=5)
     rt.queue.ack(first)
@@ -142,10 +146,7 @@ def test_a_wake_up_is_not_swallowed_by_the_message_its_worker_has_not_acked_yet(
 def test_cancel_while_deferred_ends_the_job_cancelled_at_once(deferring_rt):
     rt = deferring_rt(1, 30)
     engine = ExecutionEngine(rt, 'worker-a')
-    job = create_job(rt)
-    rt.dispatcher.cycle()
-    delivery, status = pop_and_run(rt, engine)
-    assert status == DEFERRED
+    job, delivery = create_and_defer(rt, engine)
     rt.queue.ack(delivery)
 
     cancelled = rt.service.cancel_job(job.id)
@@ -165,10 +166,7 @@ def test_the_reaper_wakes_a_deferred_job_whose_wake_up_was_lost_and_never_counts
 ):
     rt = deferring_rt(1, 0.1)
     engine = ExecutionEngine(rt, 'worker-a')
-    job = create_job(rt)
-    rt.dispatcher.cycle()
-    delivery, status = pop_and_run(rt, engine)
-    assert status == DEFERRED
+    job, delivery = create_and_defer(rt, engine)
     rt.queue.ack(delivery)
     # The wake-up event is lost (as with Redis's data): only the reaper is left.
     OutboxEvent.delete().where(OutboxEvent.event_type == WAKE_EVENT).execute()
@@ -183,10 +181,7 @@ def test_the_reaper_wakes_a_deferred_job_whose_wake_up_was_lost_and_never_counts
 def test_a_long_deferral_is_left_alone_by_the_reaper(deferring_rt):
     rt = deferring_rt(1, 30)
     engine = ExecutionEngine(rt, 'worker-a')
-    job = create_job(rt)
-    rt.dispatcher.cycle()
-    _, status = pop_and_run(rt, engine)
-    assert status == DEFERRED
+    job, _ = create_and_defer(rt, engine)
     time.sleep(int(FAST_SETTINGS['AIJOB_REAP_AFTER_MS']) / 1000.0 + 0.1)
     counts = rt.reaper.sweep()
     assert counts['republished'] == counts['failed'] == counts['skipped'] == 0
@@ -229,10 +224,7 @@ def test_a_wake_up_whose_process_died_before_pushing_it_is_pushed_by_the_dispatc
             pass
 
     engine.waker = DeadWaker()
-    job = create_job(rt)
-    rt.dispatcher.cycle()
-    delivery, status = pop_and_run(rt, engine)
-    assert status == DEFERRED
+    job, delivery = create_and_defer(rt, engine)
     rt.queue.ack(delivery)
     [wake] = OutboxEvent.select().where(OutboxEvent.event_type == WAKE_EVENT)
     assert (wake.status, wake.locked_by, wake.aggregate_id) == ('processing', 'worker-a', job.id)

@@ -12,23 +12,9 @@ from tests.support.fake_openai import FakeOpenAI, error_reply, json_reply
 from tests.support.helpers import create_job
 from tests.support.routed_jobs import routed_definition
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
-from tests.test_leader_processes import Worker
 
 THRESHOLD = 3
 JOBS = 30
-
-
-@pytest.fixture
-def spawn(tmp_path):
-    started = []
-
-    def start(env):
-        started.append(Worker(tmp_path, env))
-        return started[-1]
-
-    yield start
-    for worker in started:
-        worker.close()
 
 
 @pytest.fixture

@@ -5,14 +5,7 @@ private redis-server, stopped and started again empty): a healthy worker's lock 
 extended, so nobody takes its job over, and the reaper still decides a dead worker's jobs from
 the database."""
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
-
-import pytest
 
 from engine.core.models import AiJob, LeaderLease
 from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
@@ -20,7 +13,6 @@ from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS, wait_terminal
 from tests.support.servers import private_redis  # noqa: F401
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEASE_MS = 2000
 SETTINGS = dict(
     FAST_SETTINGS,
@@ -31,69 +23,6 @@ SETTINGS = dict(
     AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',
     AIJOB_DAILY_JOB_QUOTA='0',
 )
-
-
-class Worker:
-    """``python aijob.py worker`` with its JSON log in a file."""
-
-    def __init__(self, folder, env):
-        self.log_path = folder / ('worker-%d.log' % time.monotonic_ns())
-        self.log = open(self.log_path, 'wb')
-        self.proc = subprocess.Popen(
-            [sys.executable, 'aijob.py', 'worker'],
-            cwd=ROOT,
-            env={**os.environ, **env},
-            stdout=self.log,
-            stderr=self.log,
-        )
-        wait_until(lambda: self.events('worker.started') or self.proc.poll() is not None, 30)
-        assert self.proc.poll() is None, self.log_path.read_text()
-
-    def events(self, name):
-        found = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get('event') == name:
-                found.append(event)
-        return found
-
-    def leads(self):
-        return bool(self.events('leader.acquired'))
-
-    def owns(self, job):
-        return job.locked_by is not None and (':%d:' % self.proc.pid) in job.locked_by
-
-    def republished(self):
-        """Job ids this process's reaper handed over."""
-        return [
-            e['job_id'] for e in self.events('job.worker_lost') if e['outcome'] == 'republished'
-        ]
-
-    def kill(self):
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.log.close()
-
-
-@pytest.fixture
-def spawn(tmp_path):
-    started = []
-
-    def start(env):
-        started.append(Worker(tmp_path, env))
-        return started[-1]
-
-    yield start
-    for worker in started:
-        worker.close()
 
 
 def shared_runtime(make_runtime, backend, redis_url):

@@ -15,7 +15,6 @@ from tests.support.fake_openai import (
 )
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS
-from tests.test_leader_processes import spawn  # noqa: F401
 
 # The margin covers a request's way from its reservation to the provider: on a loaded machine
 # (a test suite beside three workers) that took over 200 ms, so 400 ms of a 4 s window (the
@@ -45,7 +44,7 @@ def settings(base_url):
 def test_three_workers_never_call_a_provider_over_its_limit_and_keep_to_its_rate(
     make_runtime,
     backend,
-    spawn,  # noqa: F811
+    spawn,
     fake,  # noqa: F811
 ):
     fake.script(json_reply(CARDS))
@@ -103,7 +102,7 @@ def test_three_workers_never_call_a_provider_over_its_limit_and_keep_to_its_rate
 def test_a_job_deferred_by_a_worker_killed_9_is_woken_by_another(
     make_runtime,
     backend,
-    spawn,  # noqa: F811
+    spawn,
 ):
     env = dict(
         FAST_SETTINGS,

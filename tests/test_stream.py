@@ -16,7 +16,7 @@ from engine.core.history import JobHistory
 from engine.http import stream
 from tests.support.api import JOBS, Harness
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
-from tests.test_api_serve import http
+from tests.support.servers import http
 from tests.test_web_tier import BOUND_S, create, serve, timed  # noqa: F401
 
 RETRIES_THEN_SUCCEEDS = {

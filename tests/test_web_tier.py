@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tests.test_api_serve import ROOT, free_port, http, wait_healthy
+from tests.support.servers import free_port, http, wait_healthy
+from tests.test_api_serve import ROOT
 
 BOUND_S = 5.0  # generous: "answers promptly", not a latency figure (benchmarks/slow_clients.py)
 

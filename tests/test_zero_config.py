@@ -9,9 +9,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -21,7 +18,7 @@ from engine.core.errors import ConfigError
 from engine.runtime import Runtime
 from tests.support.backends import REDIS_URL, RUN_PREFIX, delete_redis_keys, require_servers
 from tests.support.runtimes import MASTER_KEY
-from tests.support.servers import free_port
+from tests.support.servers import free_port, healthy, http, wait_for
 from tests.test_webhooks import readme_verify
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,36 +31,6 @@ def clean_env(**settings):
     env = {name: value for name, value in os.environ.items() if not name.startswith('AIJOB_')}
     env.update(settings)
     return env
-
-
-def http(method, url, token=None, body=None):
-    headers = {'Content-Type': 'application/json'} if body is not None else {}
-    if token:
-        headers['Authorization'] = 'Bearer ' + token
-    data = json.dumps(body).encode('utf-8') if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return reply.status, json.loads(reply.read() or b'null')
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b'null')
-
-
-def wait_for(predicate, proc, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, 'exited with %s' % proc.returncode
-        try:
-            if predicate():
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError('not ready within %.0fs' % timeout_s)
-
-
-def healthy(base):
-    return lambda: http('GET', base + '/healthz')[0] == 200
 
 
 def stop(proc):
@@ -92,15 +59,17 @@ def test_serve_from_a_clean_directory_delivers_a_signed_webhook_with_only_the_de
         key_file = tmp_path / ('aijob.db' + master_key.SUFFIX)
         assert lines[3].endswith(': %s' % key_file), lines
         assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
-        status, hook = http('POST', base + '/api/ai/webhooks', token, {'url': receiver.url})
-        assert status == 201, hook
-        status, job = http(
+        created = http('POST', base + '/api/ai/webhooks', token, {'url': receiver.url})
+        assert created.status == 201, created
+        hook = created.json
+        created = http(
             'POST',
             base + '/api/ai/jobs',
             token,
             {'jobType': 'synthetic', 'targetType': 'note', 'targetId': 'n1', 'input': {}},
         )
-        assert status == 201, job
+        assert created.status == 201, created
+        job = created.json
         [(headers, body)] = receiver.wait_for(1, timeout=30)
     finally:
         stop(proc)

@@ -543,10 +543,11 @@ class AiJobLifecycleRepository:
             return self.get(job_id)
         return self.request_cancel(job_id)
 
-    def _cancel_queued(self, tx, job_id):
-        """queued → cancelled with its terminal event; False if the job was not queued."""
+    def _cancelled_now(self):
+        """The columns of a job cancelled at once, by ``_cancel_queued`` or ``_cancel_deferred``
+        (nobody holds it, so nobody else would finish it)."""
         now = self.store.now()
-        values = {
+        return {
             AiJob.error_code: 'CANCELLED',
             AiJob.public_error_message: CANCELLED_VALUES['public_error_message'],
             AiJob.cancel_requested_at: now,
@@ -554,8 +555,11 @@ class AiJobLifecycleRepository:
             AiJob.lifecycle_status: CANCELLED,
             AiJob.updated_at: now,
         }
+
+    def _cancel_queued(self, tx, job_id):
+        """queued → cancelled with its terminal event; False if the job was not queued."""
         changed = (
-            AiJob.update(values)
+            AiJob.update(self._cancelled_now())
             .where((AiJob.id == job_id) & (AiJob.lifecycle_status == QUEUED))
             .execute()
         )
@@ -571,16 +575,8 @@ class AiJobLifecycleRepository:
         """running → cancelled at once for a deferred job (no holder: nobody else would finish
         it), with its terminal event; False if the job was not waiting deferred. The CAS on
         ``locked_by IS NULL`` races the wake-up's lock: one of them wins."""
-        now = self.store.now()
-        values = {
-            AiJob.error_code: 'CANCELLED',
-            AiJob.public_error_message: CANCELLED_VALUES['public_error_message'],
-            AiJob.cancel_requested_at: now,
-            AiJob.finished_at: now,
-            AiJob.lifecycle_status: CANCELLED,
-            AiJob.lock_until: None,
-            AiJob.updated_at: now,
-        }
+        values = self._cancelled_now()
+        values[AiJob.lock_until] = None  # it held the wake time: a cancelled job waits for nothing
         changed = (
             AiJob.update(values)
             .where(

@@ -76,6 +76,18 @@ TERMINAL_CLAIM = ClaimStatements(tuple(TERMINAL_EVENTS.values()))
 ENQUEUE_CLAIM = ClaimStatements(tuple(TERMINAL_EVENTS.values()), exclude=True)
 
 
+def _inserted_event(claimed_by, **fields):
+    """The model of an event as it was just inserted: pending, or processing when the inserting
+    process claimed it (``claimed_by``) to push it itself."""
+    return OutboxEvent(
+        __no_default__=True,
+        status=PROCESSING if claimed_by else PENDING,
+        attempt_count=0,
+        locked_by=claimed_by,
+        **fields,
+    )
+
+
 class OutboxRepository:
     def __init__(self, store, lock_ttl_ms=60_000):
         self.store = store
@@ -93,16 +105,13 @@ class OutboxRepository:
         when it went out (a duplicate there fails the block's INSERT, and a group commit runs
         each work apart again, where this catches it)."""
         assert tx is not None and self.store.in_transaction(), 'outbox writes need a transaction'
-        event = OutboxEvent(
-            __no_default__=True,
+        event = _inserted_event(
+            claimed_by,
             event_type=event_type,
             aggregate_type=aggregate_type,
             aggregate_id=aggregate_id,
             dedupe_key=dedupe_key,
             payload=payload,
-            status=PROCESSING if claimed_by else PENDING,
-            attempt_count=0,
-            locked_by=claimed_by,
         )
         params = (
             event_type,
@@ -162,15 +171,12 @@ class OutboxRepository:
         if claimed_by:
             params += (claimed_by,)
         cursor = self.store.execute(statement(_INSERT_WAKE[bool(claimed_by)]), params)
-        return OutboxEvent(
-            __no_default__=True,
+        return _inserted_event(
+            claimed_by,
             id=cursor.lastrowid,
             event_type=WAKE_EVENT,
             dedupe_key=dedupe_key,
             payload=payload,
-            status=PROCESSING if claimed_by else PENDING,
-            attempt_count=0,
-            locked_by=claimed_by,
         )
 
     def claim_batch(self, claimer, limit=100, statements=ENQUEUE_CLAIM):

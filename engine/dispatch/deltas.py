@@ -15,11 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-import redis
-from redis.exceptions import RedisClusterException
-
-from ..core.errors import QueueUnavailableError
-from .redis_client import connect
+from .redis_client import connect, translate_errors
 
 TEXT, RESET = 'text', 'reset'
 # A job's attempt counter outlives its text: a retry after a long backoff, once the text has
@@ -135,19 +131,6 @@ class _Log:
         self.next_id += 1
 
 
-def _translate(method):
-    """Driver errors stop at this edge, as the queue's do."""
-
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except (redis.RedisError, RedisClusterException) as exc:
-            raise QueueUnavailableError('redis: %s' % exc.__class__.__name__) from None
-
-    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
-    return wrapper
-
-
 class RedisTextChannel:
     """A Redis stream per job, ``{prefix}:{text}:<jobId>``, capped at ``max_entries`` (MAXLEN,
     approximate) and expiring ``ttl_ms`` after its last entry, with its attempt counter beside it
@@ -176,7 +159,7 @@ class RedisTextChannel:
     def _job_of(self, key):
         return key[len(self.prefix) + len(':{text}:') :]
 
-    @_translate
+    @translate_errors
     def begin_many(self, job_ids):
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
@@ -192,7 +175,7 @@ class RedisTextChannel:
             pipe.execute()
         return numbers
 
-    @_translate
+    @translate_errors
     def append_many(self, messages):
         pipe = self.redis.pipeline(transaction=False)
         for job_id, attempt, offset, text in messages:
@@ -204,13 +187,13 @@ class RedisTextChannel:
         pipe.xadd(key, fields, maxlen=self.max_entries, approximate=True)
         pipe.pexpire(key, self.ttl_ms)
 
-    @_translate
+    @translate_errors
     def read(self, job_id, after=None):
         low = '-' if after is None else '(' + after
         entries = self.redis.xrange(self.key(job_id), low)
         return [_entry(entry_id, fields) for entry_id, fields in entries]
 
-    @_translate
+    @translate_errors
     def wait_new(self, cursors, timeout_s):
         """As MemoryTextChannel.wait_new: one XREAD, blocking at most ``timeout_s``, over every
         job's stream."""

@@ -1,15 +1,18 @@
 """The redis-py client for AIJOB_REDIS_URL's topology (issue 13 item 1): ``redis.Redis`` for one
 server, ``RedisCluster`` for a cluster, ``Sentinel.master_for`` for a Sentinel-watched master.
 
-Only the queue module uses it; everything above sees the queue contract.
+Only the dispatch layer's Redis modules use it (the queue, the live text's channel); everything
+above sees their contracts. ``translate_errors`` keeps the driver's errors at that edge.
 """
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
+from ..core.errors import QueueUnavailableError
 from ..core.redis_url import CLUSTER, SENTINEL, parse_redis_url
 
 # The same timeouts on every topology: a dead node fails a call within seconds, never hangs it.
@@ -21,6 +24,21 @@ HEALTH_CHECK_S = 30
 # pace, and /readyz answers. redis-py's default (10 retries) makes a call to an unreachable host
 # last 10 connect timeouts.
 RETRIES = 3
+
+
+def translate_errors(method):
+    """Driver errors stop at this edge as QueueUnavailableError (as dramatiq does): a method
+    decorated with it raises nothing of redis-py's."""
+
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (redis.RedisError, RedisClusterException) as exc:
+            # RedisClusterException (no node answers, a slot uncovered) is no RedisError.
+            raise QueueUnavailableError('redis: %s' % exc.__class__.__name__) from None
+
+    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
+    return wrapper
 
 
 def _retry():

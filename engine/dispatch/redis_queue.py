@@ -19,28 +19,10 @@ import time
 import zlib
 from dataclasses import dataclass
 
-import redis
-from redis.exceptions import RedisClusterException
-
 from ..core.errors import QueueUnavailableError
 from ..core.registry import QUEUE_NAMES
 from .queue import BANDS, Delivery, Message, Queue, band_of
-from .redis_client import connect, is_cluster
-
-
-def _translate(method):
-    """Driver errors stop at this edge (as dramatiq does)."""
-
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except (redis.RedisError, RedisClusterException) as exc:
-            # RedisClusterException (no node answers, a slot uncovered) is no RedisError.
-            raise QueueUnavailableError('redis: %s' % exc.__class__.__name__) from None
-
-    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
-    return wrapper
-
+from .redis_client import connect, is_cluster, translate_errors
 
 # KEYS: marker, band, wake. ARGV: message, marker TTL, force.
 _PUSH = """
@@ -282,13 +264,13 @@ class RedisQueue(Queue):
             self._key(tag, 'wake'),
         ]
 
-    @_translate
+    @translate_errors
     def push(self, message, force=False):
         self._register()
         args = [message.encode(), MARKER_TTL_S, '1' if force else '0']
         return bool(self._script('push')(keys=self._push_keys(message), args=args))
 
-    @_translate
+    @translate_errors
     def push_many(self, messages):
         """One pipeline of push scripts: one round trip for a dispatcher's whole batch. Each
         script call stays within one queue's slot."""
@@ -307,7 +289,7 @@ class RedisQueue(Queue):
                 push(keys=keys, args=args, client=pipe)
         return [bool(result) for result in pipe.execute()]
 
-    @_translate
+    @translate_errors
     def pop(self, queue_name, consumer_id, timeout_s):
         """Sweep the queue's shards, each time from the next one (so a busy shard cannot starve
         the others); priority bands hold within each shard. Shards beyond the configured count
@@ -331,7 +313,7 @@ class RedisQueue(Queue):
                 return None
             self._wait([self._key(tag, 'wake') for tag in tags], remaining)
 
-    @_translate
+    @translate_errors
     def pop_many(self, queue_name, consumer_id, limit, timeout_s):
         """``pop``'s sweep, taking up to ``limit`` messages: one script (one round trip) per
         shard visited, most urgent band first within each shard."""
@@ -367,7 +349,7 @@ class RedisQueue(Queue):
             wake_keys, remaining = wake_keys[:1], min(remaining, CLUSTER_WAIT_SLICE_S)
         self.redis.blpop(wake_keys, timeout=max(0.01, min(remaining, 5)))
 
-    @_translate
+    @translate_errors
     def ack(self, delivery):
         tag = delivery.source
         self._script('ack')(
@@ -375,7 +357,7 @@ class RedisQueue(Queue):
             args=[delivery.raw],
         )
 
-    @_translate
+    @translate_errors
     def ack_many(self, deliveries):
         """One script per shard the deliveries came from (one round trip with one shard)."""
         by_tag = {}
@@ -388,7 +370,7 @@ class RedisQueue(Queue):
                 args=[d.raw for d in group],
             )
 
-    @_translate
+    @translate_errors
     def release(self, delivery):
         m, tag = delivery.message, delivery.source
         self._script('release')(
@@ -400,17 +382,17 @@ class RedisQueue(Queue):
             args=[delivery.raw],
         )
 
-    @_translate
+    @translate_errors
     def epoch(self):
         key = '%s:epoch' % self.prefix
         self.redis.set(key, os.urandom(8).hex(), nx=True)  # only where it is gone
         return self.redis.get(key)
 
-    @_translate
+    @translate_errors
     def heartbeat(self, consumer_id, ttl_ms):
         self.redis.set(self.heartbeat_key(consumer_id), '1', px=int(ttl_ms))
 
-    @_translate
+    @translate_errors
     def recover_orphans(self):
         """Every shard of every queue, those beyond the configured count included."""
         moved, alive = 0, {}
@@ -434,7 +416,7 @@ class RedisQueue(Queue):
             self.redis.srem(consumers_key, consumer_id)
         return moved
 
-    @_translate
+    @translate_errors
     def has_entry(self, message):
         """Its marker in its shard, or in any other registered shard (a process with another
         shard count may have pushed it)."""
@@ -445,11 +427,11 @@ class RedisQueue(Queue):
             pipe.exists(self._marker(tag, message))
         return any(pipe.execute())
 
-    @_translate
+    @translate_errors
     def signal_cancel(self, job_id, ttl_s=300):
         self.redis.set(self.cancel_key(job_id), '1', ex=ttl_s)
 
-    @_translate
+    @translate_errors
     def cancel_signalled(self, job_ids):
         job_ids = list(job_ids)
         if not job_ids:
@@ -461,11 +443,11 @@ class RedisQueue(Queue):
             flags = self.redis.mget(keys)
         return {job_id for job_id, flag in zip(job_ids, flags, strict=True) if flag}
 
-    @_translate
+    @translate_errors
     def ping(self):
         self.redis.ping()
 
-    @_translate
+    @translate_errors
     def check_ready(self):
         """A write where the queues live: a short-lived key SET in every configured shard of
         every queue (on a cluster, the node of each shard's slot), so a read-only replica, a
@@ -480,11 +462,11 @@ class RedisQueue(Queue):
                 pipe.set(self._key(tag, 'ready'), '1', px=READY_KEY_TTL_MS)
         pipe.execute()
 
-    @_translate
+    @translate_errors
     def depth(self, queue_name):
         return sum(self._lengths([b for t in self._all_tags(queue_name) for b in self._bands(t)]))
 
-    @_translate
+    @translate_errors
     def in_flight(self, queue_name):
         processing = []
         for tag in self._all_tags(queue_name):
@@ -492,7 +474,7 @@ class RedisQueue(Queue):
                 processing.append(self._processing(tag, consumer_id))
         return sum(self._lengths(processing))
 
-    @_translate
+    @translate_errors
     def shard_lengths(self, queue_name):
         tags = self._all_tags(queue_name)
         processing = {}
@@ -505,7 +487,7 @@ class RedisQueue(Queue):
         waiting = {tag: sum(next(lengths) for _ in range(BANDS)) for tag in tags}
         return {tag: (waiting[tag], sum(next(lengths) for _ in processing[tag])) for tag in tags}
 
-    @_translate
+    @translate_errors
     def consumers(self):
         """Every consumer registered on a shard of any queue, kept if its heartbeat key lives."""
         known = set()

@@ -13,6 +13,8 @@
 - ``tests.support.dashboard``: ``FormClient`` (the dashboard in-process, with cookies and forms)
   and the ``chromium`` fixture (Playwright; a missing browser skips locally, fails under CI).
 - ``tests.support.wsgi``: the in-process WSGI client and the OpenAPI response check.
+- ``tests.support.worker_processes``: ``Worker`` (a real ``python aijob.py worker`` with its JSON
+  log in a file) and the ``spawn`` fixture, which closes every worker it started.
 - ``tests.support.helpers``: ``create_job``, ``new_request``, ``wait_until``, ``run_threads``,
   ``row``.
 """

@@ -2,19 +2,65 @@
 temporary folder, which the test may stop and start again. The shared servers are never
 touched."""
 
+import json
 import shutil
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 
 import pymysql
 import pytest
+
+from tests.support.wsgi import Response
 
 
 def free_port():
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))
         return sock.getsockname()[1]
+
+
+def http(method, url, token=None, body=None):
+    """One request to a real server: its Response whatever the status (an error status is an
+    answer too)."""
+    headers = {'Content-Type': 'application/json'} if body is not None else {}
+    if token:
+        headers['Authorization'] = 'Bearer ' + token
+    data = json.dumps(body).encode('utf-8') if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=40) as reply:
+            return Response(reply.status, reply.getheaders(), reply.read())
+    except urllib.error.HTTPError as error:
+        return Response(error.code, error.headers.items(), error.read())
+
+
+def wait_for(predicate, proc, timeout_s=30.0, log_path=None):
+    """Until ``predicate()`` holds, failing at once when the process ``proc`` exits (with its
+    log, given one). An OSError is a not yet: the server may not listen yet."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (
+            log_path.read_text() if log_path else 'exited with %s' % proc.returncode
+        )
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError('not ready within %.0fs' % timeout_s)
+
+
+def healthy(base):
+    """For wait_for: the server at ``base`` answers /healthz with 200."""
+    return lambda: http('GET', base + '/healthz').status == 200
+
+
+def wait_healthy(base, proc, timeout_s=30.0, log_path=None):
+    wait_for(healthy(base), proc, timeout_s, log_path)
 
 
 class PrivateMariaDB:
@@ -364,22 +410,7 @@ class ServeProcess:
             stdout=self._log,
             stderr=self._log,
         )
-        self._wait_healthy(timeout_s)
-
-    def _wait_healthy(self, timeout_s):
-        import urllib.request
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log_path.read_text()
-            try:
-                with urllib.request.urlopen(self.base + '/healthz', timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError('serve did not answer within %.0fs' % timeout_s)
+        wait_healthy(self.base, self.process, timeout_s, self.log_path)
 
     def stop(self):
         if self.process.poll() is None:
