@@ -7,7 +7,8 @@ each in turn with ``wrk -c16 -d10s`` when ``wrk`` is installed, else with a Pyth
 keep-alive http.client connections (threads, spread over two processes so one GIL does not cap
 it), in ``--rounds`` alternating rounds with both servers up, and prints each round's
 requests/s and ratio and, last, the medians: ``status_get_rps=… floor_rps=…
-status_get_vs_floor=…`` (the median of the per-round ratios). It stops only the processes it
+status_get_vs_floor=…`` (the median of the per-round ratios) and, with wrk, each round's p99 of both
+and their median ratio ``status_get_p99_vs_floor``. It stops only the processes it
 started, by pid.
 
     AIJOB_DATABASE_URL=mysql://root@127.0.0.1:3306/test_bench \\
@@ -132,7 +133,16 @@ def run_wrk(port, path, headers, connections, duration_s):
     if not match:
         raise SystemExit('poll_bench: no figure from wrk:\n%s' % out)
     errors = re.search(r'Non-2xx or 3xx responses:\s*(\d+)', out)
-    return float(match.group(1)), int(errors.group(1)) if errors else 0
+    return float(match.group(1)), int(errors.group(1)) if errors else 0, wrk_p99_ms(out)
+
+
+WRK_UNITS_MS = {'us': 0.001, 'ms': 1.0, 's': 1000.0, 'm': 60_000.0}
+
+
+def wrk_p99_ms(out):
+    """The 99th percentile of wrk's ``--latency`` distribution, in ms (None if absent)."""
+    match = re.search(r'^\s*99%\s+([\d.]+)(us|ms|s|m)\s*$', out, re.M)
+    return float(match.group(1)) * WRK_UNITS_MS[match.group(2)] if match else None
 
 
 def _client_process(port, path, headers, threads, warmup_s, duration_s, results):
@@ -230,17 +240,17 @@ def main(argv=None):
             port = free_port()
             servers.append(Server(name, server_argv + ['--port', str(port)], port))
             servers[-1].wait_ready(path, headers)
-        ratios, seen = [], {'status_get': [], 'floor': []}
+        ratios, tails, seen = [], [], {'status_get': [], 'floor': []}
         for n in range(args.rounds):
             # Both servers stay up and idle while the other is driven; the order alternates so
             # that neither always runs first after a pause.
             order = list(zip(servers, targets, strict=True))
             if n % 2:
                 order.reverse()
-            rps = {}
+            rps, p99 = {}, {}
             for server, (name, _, path, headers) in order:
                 if use_wrk:
-                    rps[name], errors = run_wrk(
+                    rps[name], errors, p99[name] = run_wrk(
                         server.port, path, headers, args.connections, args.duration
                     )
                 else:
@@ -256,6 +266,12 @@ def main(argv=None):
                 'round %d: status_get %.1f requests/s, floor %.1f, ratio %.2f'
                 % (n + 1, rps['status_get'], rps['floor'], ratios[-1])
             )
+            if p99.get('status_get') and p99.get('floor'):  # wrk's latency distribution
+                tails.append(p99['status_get'] / p99['floor'])
+                print(
+                    'round %d: p99 status_get %.2f ms, floor %.2f ms, ratio %.2f'
+                    % (n + 1, p99['status_get'], p99['floor'], tails[-1])
+                )
     finally:
         for server in servers:
             server.stop()
@@ -269,6 +285,11 @@ def main(argv=None):
             ', '.join('%.2f' % r for r in ratios),
         )
     )
+    if tails:
+        print(
+            'status_get_p99_vs_floor=%.2f (median of %d rounds: %s)'
+            % (statistics.median(tails), len(tails), ', '.join('%.2f' % r for r in tails))
+        )
     return 0
 
 
