@@ -91,9 +91,10 @@ class Runtime:
         self.queue = open_queue(config)
         # The gateway (docs/architecture.md, decision 17): routes, fallback and the guards,
         # their shared state in the queue's Redis when there is one.
-        install_gateway(
-            self.ai, config, self.store, _LazyRedis(self.queue) if config.uses_redis else None
-        )
+        # One lazy handle on the queue's Redis client for every part of the gateway that keeps
+        # shared state there (None on the embedded default: state in the process).
+        gateway_redis = _LazyRedis(self.queue) if config.uses_redis else None
+        install_gateway(self.ai, config, self.store, gateway_redis)
         self.ai.gateway.check_definitions(self.registry.get_all())
         # The live text of running provider calls: the worker's pump writes it to the channel,
         # the web tier's job streams read it (architecture decision 15).
@@ -126,7 +127,7 @@ class Runtime:
             self.ai,
             config,
             self.store,
-            (lambda: self.queue.redis) if config.uses_redis else None,
+            gateway_redis,
             limits=entry_limits(self.ai.gateway),
         )
         self.reaper.release_leaked = functools.partial(

@@ -5,7 +5,7 @@ in and out; the routes are in app.py."""
 import re
 from decimal import Decimal
 
-from ..core.errors import BudgetNotFoundError, InvalidRequestError
+from ..core.errors import BudgetNotFoundError, InvalidRequestError, UnknownJobTypeError
 from ..gateway.budgets import ON_EXCEEDED, PERIODS, SCOPES, from_micros, period_reset
 from .views import iso
 
@@ -62,10 +62,13 @@ class BudgetEndpoints:
                 % ('user id' if scope == 'user' else 'job type', MAX_SUBJECT),
                 field='subject',
             )
-        if scope == 'jobType' and subject not in {d.job_type for d in self.registry.get_all()}:
-            raise InvalidRequestError(
-                'subject %r is not a known jobType' % subject, field='subject'
-            )
+        if scope == 'jobType':
+            try:
+                self.registry.get(subject)
+            except UnknownJobTypeError:
+                raise InvalidRequestError(
+                    'subject %r is not a known jobType' % subject, field='subject'
+                ) from None
         return subject
 
 
