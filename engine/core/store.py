@@ -24,6 +24,7 @@ ADDED_COLUMNS = (
     ('ai_usage_log', 'call_no', 'INTEGER NOT NULL DEFAULT 1'),
     ('ai_usage_log', 'cached', 'BOOLEAN NOT NULL DEFAULT 0'),  # the response cache (issue 21)
     ('ai_job', 'defer_count', 'INTEGER NOT NULL DEFAULT 0'),  # deferrals (lifecycle.defer)
+    ('ai_usage_log', 'batch_id', 'VARCHAR(36) NULL'),  # provider batches (issue 22)
 )
 # Indexes that came later, likewise: (table, index name, columns).
 ADDED_INDEXES = (
