@@ -49,38 +49,45 @@ class Api:
 
     def open_stream(self, path, last_event_id, timeout_s):
         """The response of a server-sent event stream, to be read line by line (204 too)."""
-        headers = {'Authorization': 'Bearer ' + self.token, 'Accept': 'text/event-stream'}
+        headers = {'Accept': 'text/event-stream'}
         if last_event_id is not None:
             headers['Last-Event-ID'] = last_event_id
-        request = urllib.request.Request(self.url + path, headers=headers)
-        try:
-            return urllib.request.urlopen(request, timeout=timeout_s)
-        except urllib.error.HTTPError as error:
-            raise _api_error(_reply(error.code, error.headers, error.read())) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, 'reason', exc)
-            raise ClientError('cannot reach %s: %s' % (self.url, reason)) from None
+        answer = self._open('GET', path, None, headers, timeout_s)
+        if isinstance(answer, Reply):
+            raise _api_error(answer)
+        return answer
 
     def call(self, method, path, body=None, headers=None, timeout_s=30.0, ok=(200, 201, 202)):
         data = json.dumps(body).encode('utf-8') if body is not None else None
-        all_headers = {'Authorization': 'Bearer ' + self.token, 'Accept': 'application/json'}
+        all_headers = {'Accept': 'application/json'}
         if data is not None:
             all_headers['Content-Type'] = 'application/json'
         all_headers.update(headers or {})
-        request = urllib.request.Request(
-            self.url + path, data=data, method=method, headers=all_headers
-        )
+        answer = self._open(method, path, data, all_headers, timeout_s)
+        if not isinstance(answer, Reply):
+            try:
+                with answer:
+                    answer = _reply(answer.status, answer.headers, answer.read())
+            except OSError as exc:
+                raise self._unreachable(exc) from None
+        if answer.status not in ok:
+            raise _api_error(answer)
+        return answer
+
+    def _open(self, method, path, data, headers, timeout_s):
+        """The open response of one request with the bearer token, or the Reply of an HTTP
+        error status; ClientError when the server cannot be reached."""
+        headers = dict(headers, Authorization='Bearer ' + self.token)
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-                reply = _reply(answer.status, answer.headers, answer.read())
+            return urllib.request.urlopen(request, timeout=timeout_s)
         except urllib.error.HTTPError as error:
-            reply = _reply(error.code, error.headers, error.read())
+            return _reply(error.code, error.headers, error.read())
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, 'reason', exc)
-            raise ClientError('cannot reach %s: %s' % (self.url, reason)) from None
-        if reply.status not in ok:
-            raise _api_error(reply)
-        return reply
+            raise self._unreachable(exc) from None
+
+    def _unreachable(self, exc):
+        return ClientError('cannot reach %s: %s' % (self.url, getattr(exc, 'reason', exc)))
 
 
 def _reply(status, headers, raw):
