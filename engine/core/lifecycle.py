@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from enum import Enum
 
-from . import history
+from . import admission, history
 from .errors import (
     IllegalTransitionError,
     JobAlreadyCancelledError,
@@ -143,6 +143,8 @@ _ATTEMPT = RUN_COLUMNS.index('attempt_no')
 CANCELLED_VALUES = {'error_code': 'CANCELLED', 'public_error_message': 'The job was cancelled.'}
 # Terminal writes per UPDATE in a group commit (a bound on its size and parameter count).
 FINISH_BATCH = 100
+# The write_row shape of the terminal writes' admission counters (one UPDATE per group).
+RELEASE = ('admission.release',)
 # Held jobs per heartbeat statement (a bound on the statement's size and its IN list).
 EXTEND_BATCH = 500
 
@@ -565,6 +567,7 @@ class AiJobLifecycleRepository:
         )
         if changed:
             self.outbox.create_terminal_event(tx, job_id, CANCELLED)
+            admission.release(self.store, [job_id])
             # Nothing ever locked a queued job: attempt 0.
             insert_events(
                 self.store, [NewEvent(job_id, history.CANCELLED, 0, {'errorCode': 'CANCELLED'})]
@@ -589,6 +592,7 @@ class AiJobLifecycleRepository:
         )
         if changed:
             self.outbox.create_terminal_event(tx, job_id, CANCELLED)
+            admission.release(self.store, [job_id])
             attempt_no = AiJob.select(AiJob.attempt_no).where(AiJob.id == job_id).scalar()
             detail = {'errorCode': 'CANCELLED', 'while': 'deferred'}
             insert_events(self.store, [NewEvent(job_id, history.CANCELLED, attempt_no, detail)])
@@ -731,6 +735,9 @@ class AiJobLifecycleRepository:
             write_row(shape, finish, lambda finishes: self._write_finishes(shape, finishes))
             self.outbox.create_terminal_event(tx, job_id, to_status)
             insert_events(self.store, [event])
+            # After the terminal UPDATE (rows go out in the order their shapes came): a refused
+            # one raises before this, and the transaction rolls back.
+            write_row(RELEASE, job_id, lambda job_ids: admission.release(self.store, job_ids))
 
         self._in_transaction(write)
 
