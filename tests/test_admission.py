@@ -8,6 +8,7 @@ import pytest
 
 from engine.core.admission import backfill
 from engine.core.errors import JobLockConflictError, ProviderError
+from engine.core.groupcommit import GroupCommit
 from engine.core.lifecycle import ExpiredLockFence, Fence
 from engine.core.models import AiJob, AiUserAdmission
 from tests.support.helpers import create_job, new_request, run_threads
@@ -146,3 +147,22 @@ def test_an_upgraded_deployment_counts_the_jobs_it_already_has(runtime):
     with runtime.store.atomic():
         backfill(runtime.store)  # the table has rows: nothing again
     assert counters('user-a') == (1, 2)
+
+
+def test_a_group_commit_of_terminal_writes_frees_each_of_its_jobs_once(runtime):
+    """Several jobs of one user finished in one group commit (one terminal UPDATE for all);
+    then a group where one is refused (not its holder): the others free their slots, the
+    refused one not."""
+    repo = runtime.lifecycle
+    jobs = [repo.lock_job(create_job(runtime, input={'i': i}).id, 'worker-1') for i in range(6)]
+
+    def finish(job, holder='worker-1'):
+        return lambda tx: repo.mark_succeeded(job.id, fence=Fence(holder, job.attempt_no))
+
+    group = GroupCommit(runtime.store)
+    assert group.run([finish(job) for job in jobs[:3]]) == [None] * 3
+    assert counters() == counted() == (3, 6)
+    outcomes = group.run([finish(jobs[3]), finish(jobs[4], 'worker-2'), finish(jobs[5])])
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], JobLockConflictError)
+    assert counters() == counted() == (1, 6)

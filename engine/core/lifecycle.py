@@ -143,35 +143,39 @@ _ATTEMPT = RUN_COLUMNS.index('attempt_no')
 CANCELLED_VALUES = {'error_code': 'CANCELLED', 'public_error_message': 'The job was cancelled.'}
 # Terminal writes per UPDATE in a group commit (a bound on its size and parameter count).
 FINISH_BATCH = 100
-# The write_row shape of the terminal writes' admission counters (one UPDATE per group).
-RELEASE = ('admission.release',)
 # Held jobs per heartbeat statement (a bound on the statement's size and its IN list).
 EXTEND_BATCH = 500
 
 
-def _fenced_update(sets, fence_sql, extra_condition=None, count=1):
-    """``UPDATE ai_job SET <sets>`` for ``count`` running jobs, each only while its fence
+def _fenced_update(sets, fence_sql, extra_condition=None, count=1, table='ai_job'):
+    """``UPDATE <table> SET <sets>`` for ``count`` running jobs, each only while its fence
     holds. Parameters: the sets', then each job's id and fence parameters (the ORed ids make a
     primary-key range)."""
     fences = ' OR '.join(['(id = %%s AND %s)' % fence_sql] * count)
     where = "lifecycle_status = 'running' AND (%s)" % fences
     if extra_condition:
         where += ' AND ' + extra_condition
-    return statement('UPDATE ai_job SET %s WHERE %s' % (sets, where))
+    return statement('UPDATE %s SET %s WHERE %s' % (table, sets, where))
 
 
-def _finish_update(columns, fence_sql, extra_condition, count):
+# One job's terminal UPDATE that also takes it off its user's admission counter (MySQL's
+# multi-table UPDATE; a user without counters, from before them, has only the job changed).
+RELEASING = 'ai_job LEFT JOIN ai_user_admission a ON a.user_id = ai_job.user_id'
+
+
+def _finish_update(columns, fence_sql, extra_condition, count, releasing=False):
     """running → terminal for ``count`` jobs in one UPDATE, each under its own fence: sets
-    ``lifecycle_status``, then each of ``columns`` per job (``CASE id``). Parameters: the
-    status, each column's (id, value) pairs, then each job's id and fence parameters."""
+    ``lifecycle_status``, then each of ``columns`` per job (``CASE id``), and with
+    ``releasing`` (one job, MySQL) its user's ``active`` counter. Parameters: the status, each
+    column's (id, value) pairs, then each job's id and fence parameters."""
     case = 'CASE id%s END' % (' WHEN %s THEN %s' * count)
-    sets = ''.join('%s = %s, ' % (name, case) for name in columns)
+    per_job = ''.join('%s = %s, ' % (name, case) for name in columns)
+    sets = 'lifecycle_status = %%s, %sfinished_at = {now}, lock_until = NULL, updated_at = {now}'
+    sets %= per_job
+    if releasing:
+        sets += ', a.active = a.active - 1'
     return _fenced_update(
-        'lifecycle_status = %%s, %sfinished_at = {now}, lock_until = NULL, updated_at = {now}'
-        % sets,
-        fence_sql,
-        extra_condition,
-        count,
+        sets, fence_sql, extra_condition, count, RELEASING if releasing else 'ai_job'
     )
 
 
@@ -735,19 +739,19 @@ class AiJobLifecycleRepository:
             write_row(shape, finish, lambda finishes: self._write_finishes(shape, finishes))
             self.outbox.create_terminal_event(tx, job_id, to_status)
             insert_events(self.store, [event])
-            # After the terminal UPDATE (rows go out in the order their shapes came): a refused
-            # one raises before this, and the transaction rolls back.
-            write_row(RELEASE, job_id, lambda job_ids: admission.release(self.store, job_ids))
 
         self._in_transaction(write)
 
     def _write_finishes(self, shape, finishes):
         """The terminal UPDATEs of ``finishes`` (job id, values, fence parameters) of one
-        ``shape``, FINISH_BATCH per statement; raises unless each matched its job."""
+        ``shape``, FINISH_BATCH per statement, each with its jobs' admission counters (in the
+        same statement for one job on MySQL, else one UPDATE after it); raises unless each
+        matched its job."""
         to_status, columns, fence_sql, extra_condition = shape
         for start in range(0, len(finishes), FINISH_BATCH):
             chunk = finishes[start : start + FINISH_BATCH]
-            update = _finish_update(columns, fence_sql, extra_condition, len(chunk))
+            releasing = len(chunk) == 1 and self.store.dialect == 'mysql'
+            update = _finish_update(columns, fence_sql, extra_condition, len(chunk), releasing)
             params = [to_status]
             for i in range(len(columns)):
                 for job_id, values, _ in chunk:
@@ -755,7 +759,11 @@ class AiJobLifecycleRepository:
             for job_id, _, fence_params in chunk:
                 params += (job_id,) + fence_params
             matched = self.store.execute(update, params).rowcount
+            if releasing:
+                matched = min(matched, 1)  # the counters' row counts too
             if matched == len(chunk):
+                if not releasing:
+                    admission.release(self.store, [job_id for job_id, _, _ in chunk])
                 continue
             if len(chunk) == 1:
                 raise self._refusal(chunk[0][0], to_status)
