@@ -225,6 +225,17 @@ CREATE TABLE IF NOT EXISTS `leader_lease` (
   PRIMARY KEY (`name`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
+-- A user's admission counters (engine/core/admission.py): unfinished jobs, and jobs created on
+-- `day` (UTC), changed in the transactions that create and finish jobs.
+CREATE TABLE IF NOT EXISTS `ai_user_admission` (
+  `user_id` VARCHAR(64) NOT NULL,
+  `active` INTEGER NOT NULL,                    -- queued or running
+  `day` DATE NOT NULL,                          -- the UTC day of created_on_day
+  `created_on_day` INTEGER NOT NULL,
+  `last_job_id` VARCHAR(36) NOT NULL,           -- the last job admitted
+  PRIMARY KEY (`user_id`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
 -- Budgets in money (issue 21 item 5; engine/gateway/budgets.py): per user, per job type or
 -- global, per UTC day, month or in total. `amount` is in the units of ai_usage_log.cost.
 CREATE TABLE IF NOT EXISTS `ai_budget` (

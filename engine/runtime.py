@@ -7,6 +7,7 @@ import os
 import socket
 
 from .core import master_key
+from .core.admission import Admission
 from .core.errors import ConfigError, QueueUnavailableError
 from .core.history import JobHistory
 from .core.lifecycle import AiJobLifecycleRepository
@@ -14,7 +15,7 @@ from .core.logs import configure as configure_logging
 from .core.logs import log_event
 from .core.outbox import OutboxRepository
 from .core.registry import JobDefinitionRegistry
-from .core.service import Admission, AiJobService
+from .core.service import AiJobService
 from .core.store import Store
 from .core.webhook_urls import UrlPolicy
 from .core.webhooks import WebhookRepository

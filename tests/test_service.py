@@ -91,14 +91,11 @@ def test_fifty_threads_with_one_key_make_one_job(runtime):
 
 
 def test_racing_creates_of_one_user_stop_exactly_at_the_limit(make_runtime):
-    """The admission counts are read in the group commit of the creates, once per group, and
-    each admitted create counts toward the next of its group: twenty racing requests for a user
-    with room for five make five jobs, the others are refused and write nothing. Another user
-    in the same groups is counted apart."""
+    """Each create counts itself on its user's admission row, which it holds until its group
+    commits (tests/test_admission.py has more): twenty racing requests for a user with room for
+    five make five jobs, the others are refused and write nothing, whatever groups commit at
+    once. Another user in the same groups is counted apart."""
     runtime = make_runtime(AIJOB_MAX_ACTIVE_JOBS_PER_USER='5')
-    # One group at a time, so that every create is in a group that saw all earlier ones (with
-    # CREATE_GROUPS at once, creates of concurrent groups may pass the edge together).
-    runtime.service.creates.max_groups = 1
 
     def create(i):
         user = 'user-a' if i % 4 else 'user-b'

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from enum import Enum
 
-from . import history
+from . import admission, history
 from .errors import (
     IllegalTransitionError,
     JobAlreadyCancelledError,
@@ -147,29 +147,35 @@ FINISH_BATCH = 100
 EXTEND_BATCH = 500
 
 
-def _fenced_update(sets, fence_sql, extra_condition=None, count=1):
-    """``UPDATE ai_job SET <sets>`` for ``count`` running jobs, each only while its fence
+def _fenced_update(sets, fence_sql, extra_condition=None, count=1, table='ai_job'):
+    """``UPDATE <table> SET <sets>`` for ``count`` running jobs, each only while its fence
     holds. Parameters: the sets', then each job's id and fence parameters (the ORed ids make a
     primary-key range)."""
     fences = ' OR '.join(['(id = %%s AND %s)' % fence_sql] * count)
     where = "lifecycle_status = 'running' AND (%s)" % fences
     if extra_condition:
         where += ' AND ' + extra_condition
-    return statement('UPDATE ai_job SET %s WHERE %s' % (sets, where))
+    return statement('UPDATE %s SET %s WHERE %s' % (table, sets, where))
 
 
-def _finish_update(columns, fence_sql, extra_condition, count):
+# One job's terminal UPDATE that also takes it off its user's admission counter (MySQL's
+# multi-table UPDATE; a user without counters, from before them, has only the job changed).
+RELEASING = 'ai_job LEFT JOIN ai_user_admission a ON a.user_id = ai_job.user_id'
+
+
+def _finish_update(columns, fence_sql, extra_condition, count, releasing=False):
     """running → terminal for ``count`` jobs in one UPDATE, each under its own fence: sets
-    ``lifecycle_status``, then each of ``columns`` per job (``CASE id``). Parameters: the
-    status, each column's (id, value) pairs, then each job's id and fence parameters."""
+    ``lifecycle_status``, then each of ``columns`` per job (``CASE id``), and with
+    ``releasing`` (one job, MySQL) its user's ``active`` counter. Parameters: the status, each
+    column's (id, value) pairs, then each job's id and fence parameters."""
     case = 'CASE id%s END' % (' WHEN %s THEN %s' * count)
-    sets = ''.join('%s = %s, ' % (name, case) for name in columns)
+    per_job = ''.join('%s = %s, ' % (name, case) for name in columns)
+    sets = 'lifecycle_status = %%s, %sfinished_at = {now}, lock_until = NULL, updated_at = {now}'
+    sets %= per_job
+    if releasing:
+        sets += ', a.active = a.active - 1'
     return _fenced_update(
-        'lifecycle_status = %%s, %sfinished_at = {now}, lock_until = NULL, updated_at = {now}'
-        % sets,
-        fence_sql,
-        extra_condition,
-        count,
+        sets, fence_sql, extra_condition, count, RELEASING if releasing else 'ai_job'
     )
 
 
@@ -565,6 +571,7 @@ class AiJobLifecycleRepository:
         )
         if changed:
             self.outbox.create_terminal_event(tx, job_id, CANCELLED)
+            admission.release(self.store, [job_id])
             # Nothing ever locked a queued job: attempt 0.
             insert_events(
                 self.store, [NewEvent(job_id, history.CANCELLED, 0, {'errorCode': 'CANCELLED'})]
@@ -589,6 +596,7 @@ class AiJobLifecycleRepository:
         )
         if changed:
             self.outbox.create_terminal_event(tx, job_id, CANCELLED)
+            admission.release(self.store, [job_id])
             attempt_no = AiJob.select(AiJob.attempt_no).where(AiJob.id == job_id).scalar()
             detail = {'errorCode': 'CANCELLED', 'while': 'deferred'}
             insert_events(self.store, [NewEvent(job_id, history.CANCELLED, attempt_no, detail)])
@@ -736,11 +744,14 @@ class AiJobLifecycleRepository:
 
     def _write_finishes(self, shape, finishes):
         """The terminal UPDATEs of ``finishes`` (job id, values, fence parameters) of one
-        ``shape``, FINISH_BATCH per statement; raises unless each matched its job."""
+        ``shape``, FINISH_BATCH per statement, each with its jobs' admission counters (in the
+        same statement for one job on MySQL, else one UPDATE after it); raises unless each
+        matched its job."""
         to_status, columns, fence_sql, extra_condition = shape
         for start in range(0, len(finishes), FINISH_BATCH):
             chunk = finishes[start : start + FINISH_BATCH]
-            update = _finish_update(columns, fence_sql, extra_condition, len(chunk))
+            releasing = len(chunk) == 1 and self.store.dialect == 'mysql'
+            update = _finish_update(columns, fence_sql, extra_condition, len(chunk), releasing)
             params = [to_status]
             for i in range(len(columns)):
                 for job_id, values, _ in chunk:
@@ -748,7 +759,11 @@ class AiJobLifecycleRepository:
             for job_id, _, fence_params in chunk:
                 params += (job_id,) + fence_params
             matched = self.store.execute(update, params).rowcount
+            if releasing:
+                matched = min(matched, 1)  # the counters' row counts too
             if matched == len(chunk):
+                if not releasing:
+                    admission.release(self.store, [job_id for job_id, _, _ in chunk])
                 continue
             if len(chunk) == 1:
                 raise self._refusal(chunk[0][0], to_status)

@@ -19,6 +19,7 @@ from peewee import (
     BigIntegerField,
     BooleanField,
     CharField,
+    DateField,
     DateTimeField,
     DecimalField,
     IntegerField,
@@ -378,6 +379,22 @@ class LeaderLease(BaseModel):
         table_name = 'leader_lease'
 
 
+class AiUserAdmission(BaseModel):
+    """A user's admission counters (engine/core/admission.py): unfinished jobs, and jobs created
+    on ``day`` (the database's UTC day). Changed in the transactions that change a job's status:
+    +1 each by its create, ``active`` −1 by its terminal write, so they are exact through crashes
+    and the per-user limits read one row instead of counting jobs."""
+
+    user_id = CharField(max_length=64, primary_key=True)
+    active = IntegerField()  # queued or running
+    day = DateField()  # the UTC day of created_on_day
+    created_on_day = IntegerField()
+    last_job_id = CharField(max_length=36)  # the last job admitted: tells a create it was
+
+    class Meta:
+        table_name = 'ai_user_admission'
+
+
 # ---------------------------------------------------------------- budgets (issue 21 item 5)
 class AiBudget(BaseModel):
     """A budget in money (engine/gateway/budgets.py): ``amount`` per period for one user, one
@@ -532,6 +549,7 @@ MODELS = (
     WebhookEndpoint,
     WebhookDelivery,
     LeaderLease,
+    AiUserAdmission,
     DashboardSession,
     AiBudget,
     AiBudgetSpend,

@@ -2,12 +2,12 @@
 ``ai.job.enqueue`` outbox event are written in one transaction; an idempotency key makes a replay
 return the first job instead of creating another."""
 
-import datetime
 import hashlib
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 from . import metrics
+from .admission import count_create
 from .errors import (
     BudgetExceededError,
     IdempotencyKeyReusedError,
@@ -24,7 +24,7 @@ from .lifecycle import CANCELLED, FAILED, TERMINAL
 from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
 from .outbox import ENQUEUE_EVENT
 from .registry import first_error
-from .sql import insert_row, placeholders, statement
+from .sql import insert_row
 from .store import IntegrityError
 from .webhook_urls import UrlPolicy, check_url
 
@@ -53,21 +53,6 @@ MAX_DEDUPE_KEY_CHARS = 255
 # grouping saved (bench burst, 4 client threads, alternating: 603-627 jobs/s with 1, 746-778
 # with 4).
 CREATE_GROUPS = 4
-
-
-class _CreateWork:
-    """One create in the creates' group commit: admitted against the counts its group read
-    (AiJobService._admit_group), then written."""
-
-    def __init__(self, user_id, write):
-        self.user_id = user_id
-        self.write = write
-        self.counts = None  # its group's AdmissionCounts, when there are limits
-
-    def __call__(self, tx):
-        if self.counts is not None:
-            self.counts.admit(self.user_id)
-        return self.write(tx)
 
 
 @dataclass
@@ -116,9 +101,7 @@ class AiJobService:
         self.store = store
         # With the creates of other threads (web requests) in one transaction, one commit; then
         # their events, claimed in it, pushed together.
-        self.creates = GroupCommit(
-            store, after_commit=self._push_created, prepare=self._admit_group, groups=CREATE_GROUPS
-        )
+        self.creates = GroupCommit(store, after_commit=self._push_created, groups=CREATE_GROUPS)
         self.snapshot_ttl_ms = snapshot_ttl_ms
         self.registry = registry
         self.lifecycle = lifecycle
@@ -128,7 +111,9 @@ class AiJobService:
         # right after commit (architecture decision 6). None: the dispatcher's polling picks them
         # up.
         self.dispatch_now = dispatch_now
-        # Admission: per-user limits, checked before anything is written.
+        # Admission: per-user limits (admission.Admission), checked as a create counts itself.
+        # None: no limits, and the counters are kept all the same (limits turned on later find
+        # them right).
         self.admission = admission
         # cancel_signal(job_id): the fast path telling a running job's worker to stop (the
         # ``job:cancel:{jobId}`` key); the database flag stays the source of truth.
@@ -167,10 +152,8 @@ class AiJobService:
             written.append(self._insert(tx, definition, request, overrides, fingerprint))
             return written[-1]
 
-        work = _CreateWork(request.user_id, write)
-
         try:
-            [failure] = self.creates.run([work])
+            [failure] = self.creates.run([write])
             if failure is not None:
                 raise failure
             job = written[-1][0]
@@ -184,15 +167,6 @@ class AiJobService:
         metrics.job_created(job.job_type, job.queue_name)
         return CreateResult(job, True)
 
-    def _admit_group(self, works):
-        """In a group's transaction, before its creates: every creating user's counts in one
-        read, handed to each create (GroupCommit's prepare)."""
-        if self.admission is None:
-            return
-        counts = self.admission.counts(work.user_id for work in works)
-        for work in works:
-            work.counts = counts
-
     def _push_created(self, outputs):
         """After a group of creates committed: the events they claimed, pushed in one call."""
         claimed = [event for _, event in outputs if event.locked_by == self.instance_id]
@@ -201,6 +175,10 @@ class AiJobService:
 
     def _insert(self, tx, definition, request, overrides, fingerprint):
         job_id = new_id()
+        if self.admission is None:
+            count_create(self.store, request.user_id, job_id)
+        else:
+            self.admission.admit(request.user_id, job_id)  # raises the limit it would pass
         job = self.lifecycle.create_job(
             tx,
             job_id=job_id,
@@ -483,96 +461,3 @@ def _require_text(value, name, max_length):
         raise InvalidRequestError(
             '%s must be at most %d characters' % (name, max_length), field=name
         )
-
-
-# ---------------------------------------------------------------- admission
-# Checked before a create writes anything (contracts §7.3: TOO_MANY_JOBS, QUOTA_EXCEEDED,
-# PLATFORM_UNAVAILABLE). The counts are read in the transaction of the group of creates, one
-# read for the group, each create counting toward the next of the same user; creates of other
-# groups racing at the very edge of a limit may both pass: a limit guards against runaway
-# clients, it is not an exact budget.
-
-
-def admission_counts(users):
-    """Per user of ``users`` (a parameter each, twice): unfinished jobs, and jobs created this
-    UTC day, in one read. The comparison is the column's (a case-insensitive collation on
-    MySQL), as a read per user would be."""
-    columns = ', '.join(
-        [
-            "COALESCE(SUM(user_id = %s AND lifecycle_status IN ('queued', 'running')), 0), "
-            'COALESCE(SUM(user_id = %s AND created_at >= {today}), 0)'
-        ]
-        * users
-    )
-    return statement(
-        'SELECT %s FROM ai_job WHERE user_id IN (%s) AND '
-        "(lifecycle_status IN ('queued', 'running') OR created_at >= {today})"
-        % (columns, placeholders(users))
-    )
-
-
-class Admission:
-    """Per-user limits: ``check_creatable`` before a create, then, in its group's transaction,
-    ``counts`` for every user of the group and ``AdmissionCounts.admit`` for each create."""
-
-    def __init__(self, store, ai, *, max_active_per_user, daily_quota):
-        self.store = store
-        self.ai = ai
-        self.max_active_per_user = max_active_per_user  # 0: no limit
-        self.daily_quota = daily_quota  # 0: no limit
-
-    @classmethod
-    def from_config(cls, config, store, ai):
-        return cls(
-            store,
-            ai,
-            max_active_per_user=config.max_active_jobs_per_user,
-            daily_quota=config.daily_job_quota,
-        )
-
-    def check_creatable(self, request, definition):
-        """What refuses a create without reading the store (PLATFORM_UNAVAILABLE, an unknown
-        prompt version)."""
-        self.ai.check_creatable(definition, request.overrides or {})
-
-    def counts(self, user_ids):
-        """Every user's counts in one read (none when there is no limit to check)."""
-        users = list(dict.fromkeys(user_ids))
-        if not (self.max_active_per_user or self.daily_quota) or not users:
-            return AdmissionCounts(self, {})
-        params = [user for user in users for _ in (0, 1)] + users
-        row = self.store.execute(admission_counts(len(users)), params).fetchone()
-        values = [int(n) for n in row]
-        return AdmissionCounts(
-            self, {user: values[2 * i : 2 * i + 2] for i, user in enumerate(users)}
-        )
-
-    def check(self, active, created_today):
-        """Raises the limit that ``active`` unfinished and ``created_today`` jobs reach."""
-        if self.max_active_per_user and active >= self.max_active_per_user:
-            raise TooManyJobsError(
-                'user has %d unfinished jobs (limit %d)' % (active, self.max_active_per_user)
-            )
-        if self.daily_quota and created_today >= self.daily_quota:  # the database's UTC day
-            now = self.store.clock()
-            next_day = now.replace(hour=0, minute=0, second=0, microsecond=0) + datetime.timedelta(
-                days=1
-            )
-            raise QuotaExceededError(retry_after_s=max(1, int((next_day - now).total_seconds())))
-
-
-class AdmissionCounts:
-    """The counts a group of creates read; each admitted create counts toward the next."""
-
-    def __init__(self, admission, by_user):
-        self.admission = admission
-        self.by_user = by_user
-
-    def admit(self, user_id):
-        """Raises the limit this user's create would pass, else counts it."""
-        counts = self.by_user.get(user_id)
-        if counts is None:  # no limit to check
-            return
-        self.admission.check(*counts)
-        counts[0] += 1
-        counts[1] += 1

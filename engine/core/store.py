@@ -15,7 +15,7 @@ import peewee
 from playhouse.pool import MaxConnectionsExceeded, PooledMySQLDatabase
 from pymysql.constants import SERVER_STATUS
 
-from . import sql
+from . import admission, sql
 from .errors import ConfigError, StoreUnavailableError
 from .models import MODELS, database
 
@@ -277,6 +277,7 @@ class Store:
             else:
                 self.db.create_tables(MODELS, safe=True)
             self._add_missing_columns()
+            admission.backfill(self)
             if extra_models:
                 self.db.create_tables(list(extra_models), safe=True)
 
