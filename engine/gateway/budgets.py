@@ -14,10 +14,10 @@ counted in the period it was reserved in.
 A reservation whose worker died before settling is released by the reaper (``release_leaked``)
 once its job's lock is gone: the job finished, moved on to another attempt, or its lock expired
 ``grace_ms`` ago, unless a provider batch still holds the job's call (engine/gateway/batches/: a
-parked call keeps its reservation until its line is answered and used); and a worker that takes over a job whose lock expired releases the
-reservations of the job's earlier attempts when it reserves. Settling and releasing each delete
-the reservation row first and give back the reserved amount only when they deleted it, so the
-two never both give it back.
+parked call keeps its reservation until its line is answered and used); and a worker that takes
+over a job whose lock expired releases the reservations of the job's earlier attempts when it
+reserves. Settling and releasing each delete the reservation row first and give back the
+reserved amount only when they deleted it, so the two never both give it back.
 
 The engine never imports this module: the runtime installs the guard (``install_budgets``) and
 hands the service its create-time check and the reaper its release."""

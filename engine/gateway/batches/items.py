@@ -75,8 +75,7 @@ def repark(item_id, attempt_no):
     changed = (
         AiProviderBatchItem.update(parked_attempt=attempt_no)
         .where(
-            (AiProviderBatchItem.id == item_id)
-            & AiProviderBatchItem.state.in_((WAITING, BATCHED))
+            (AiProviderBatchItem.id == item_id) & AiProviderBatchItem.state.in_((WAITING, BATCHED))
         )
         .execute()
     )
@@ -97,9 +96,7 @@ def set_outcome(store, item_id, state, response=None, error_code=None, from_stat
         AiProviderBatchItem.update(
             state=state, response=response, error_code=error_code, updated_at=store.now()
         )
-        .where(
-            (AiProviderBatchItem.id == item_id) & AiProviderBatchItem.state.in_(from_states)
-        )
+        .where((AiProviderBatchItem.id == item_id) & AiProviderBatchItem.state.in_(from_states))
         .execute()
     )
     return changed == 1
