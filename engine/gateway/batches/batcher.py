@@ -107,7 +107,9 @@ class Batcher:
             if not due:
                 break
             chosen, group = group[:max_jobs], group[max_jobs:]
-            made.append(self.store.run_in_transaction(lambda tx, c=chosen: self._new(group_key, c)))
+            batch_id = self.store.run_in_transaction(lambda tx, c=chosen: self._new(group_key, c))
+            if batch_id is not None:
+                made.append(batch_id)
         return made
 
     def _new(self, group_key, chosen):
@@ -122,6 +124,8 @@ class Batcher:
             )
             .execute()
         )
+        if not changed:  # a leader that lost its lease mid-step formed them already
+            return None
         AiProviderBatch.insert(
             id=batch_id,
             provider=provider,
