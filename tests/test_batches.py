@@ -29,6 +29,7 @@ from engine.core.registry import BatchPolicy, QueuePolicy, validate_definition
 from engine.execution.engine import ExecutionEngine
 from engine.gateway import providers_config
 from engine.gateway.providers_config import Entry
+from engine.jobtypes.synthetic import synthetic_definition
 from tests.support.batched_jobs import FAST_BATCHES, batched_definition, provider_settings
 from tests.support.helpers import create_job, wait_until
 from tests.support.routed_jobs import routed_definition
@@ -74,7 +75,10 @@ def usage_rows(job_ids):
 
 
 def test_200_jobs_go_in_4_batches_at_half_price_each_projected_once(make_batch_rt, batch_fake):
-    rt = make_batch_rt(batched_definition(max_wait_ms=600_000, max_jobs=50))
+    # The reaper's lost wake-up path out of reach: each job is woken by its line's outcome.
+    rt = make_batch_rt(
+        batched_definition(max_wait_ms=600_000, max_jobs=50), AIJOB_REAP_AFTER_MS='600000'
+    )
     with rt.store.connection():
         job_ids = create_batched(rt, 200)
         rt.start_background()
@@ -364,3 +368,21 @@ def test_a_route_entry_with_a_batch_policy_batches_its_background_jobs_only(
             parked[1]: (BATCH_COST, True),
             online[0]: (ONLINE_COST, False),
         }
+
+
+def test_a_batch_policy_on_a_provider_without_a_batch_api_runs_online(make_batch_rt, batch_fake):
+    """The synthetic provider is no OpenAI-compatible host: its jobs are never parked."""
+    synthetic = dataclasses.replace(
+        synthetic_definition(job_type='synthetic_batched', queue_name='ai-background'),
+        batch=BatchPolicy(max_wait_ms=1, max_jobs=1),
+    )
+    rt = make_batch_rt(synthetic)
+    with rt.store.connection():
+        job_ids = create_batched(rt, 2, job_type='synthetic_batched')
+        rt.start_background()
+        jobs = all_terminal(job_ids)
+
+        assert {job.lifecycle_status for job in jobs} == {'succeeded'}
+        assert AiProviderBatchItem.select().count() == 0
+        assert batch_fake.submitted_custom_ids == []
+        assert {row.batch_id for row in usage_rows(job_ids)} == {None}
