@@ -242,7 +242,7 @@ def test_every_step_cut_short_resumes_without_sending_anything_twice(
     make_batch_rt, batch_fake, monkeypatch
 ):
     rt = make_batch_rt(
-        batched_definition(max_wait_ms=1),
+        batched_definition(max_jobs=3),
         AIJOB_BATCH_RESULT_CHUNK='1',
         AIJOB_BATCH_POLL_FIRST_MS='1',  # every poll due at the next step
         AIJOB_BATCH_POLL_MAX_MS='1',
@@ -386,3 +386,51 @@ def test_a_batch_policy_on_a_provider_without_a_batch_api_runs_online(make_batch
         assert AiProviderBatchItem.select().count() == 0
         assert batch_fake.submitted_custom_ids == []
         assert {row.batch_id for row in usage_rows(job_ids)} == {None}
+
+
+def test_a_job_woken_before_its_line_parks_again_and_its_line_still_wakes_it(
+    make_batch_rt, batch_fake
+):
+    rt = make_batch_rt(batched_definition(max_jobs=1), AIJOB_BATCH_POLL_FIRST_MS='1')
+    engine = ExecutionEngine(rt, 'test-worker')
+    batch_fake.mode = 'manual'
+    with rt.store.connection():
+        [job_id] = create_batched(rt, 1)
+        assert engine.execute(job_id) == 'deferred'
+        rt.batches.step()
+        batch = AiProviderBatch.get()
+        assert batch.state == 'submitted'
+
+        AiJob.update(lock_until=rt.store.now_plus_ms(-1000)).where(AiJob.id == job_id).execute()
+        assert engine.execute(job_id) == 'deferred'  # woken too early: parked again
+        item = AiProviderBatchItem.get(AiProviderBatchItem.job_id == job_id)
+        assert (item.state, item.parked_attempt) == ('batched', 2)
+
+        batch_fake.set_status(batch.provider_batch_id, 'completed')
+        rt.batches.step()
+        job = AiJob.get_by_id(job_id)
+        assert job.lock_until <= rt.store.clock()  # its wake time is now
+        assert engine.execute(job_id) == 'succeeded'
+        assert [(row.cost, row.batch_id) for row in usage_rows([job_id])] == [
+            (BATCH_COST, batch.id)
+        ]
+        assert batch_fake.submitted_custom_ids == ['%s:1' % job_id]
+
+
+def test_a_batch_that_failed_at_the_provider_sends_its_jobs_online(make_batch_rt, batch_fake):
+    batch_fake.mode = 'manual'
+    rt = make_batch_rt()
+    with rt.store.connection():
+        job_ids = create_batched(rt, 2)
+        rt.start_background()
+        wait_until(lambda: AiProviderBatch.select().where(AiProviderBatch.job_count == 2).first())
+        batch = submitted_batch()
+        batch_fake.set_status(batch.provider_batch_id, 'failed')
+        jobs = all_terminal(job_ids)
+
+        assert {job.lifecycle_status for job in jobs} == {'succeeded'}
+        assert [(row.cost, row.batch_id) for row in usage_rows(job_ids)] == [
+            (ONLINE_COST, None)
+        ] * 2
+        assert len(batch_fake.requests) == 2
+        assert AiProviderBatch.get_by_id(batch.id).provider_status == 'failed'
