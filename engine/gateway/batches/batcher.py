@@ -163,7 +163,9 @@ class Batcher:
         AiProviderBatch.update(
             state=UPLOADED, input_file_id=file_id, updated_at=self.store.now()
         ).where((AiProviderBatch.id == batch.id) & (AiProviderBatch.state == BUILDING)).execute()
-        batch.state, batch.input_file_id = UPLOADED, file_id
+        # What the row says now: a leader that lost its lease mid-step may have stored its file.
+        stored = AiProviderBatch.get_by_id(batch.id)
+        batch.state, batch.input_file_id = stored.state, stored.input_file_id
 
     def create(self, batch):
         """uploaded -> submitted: the provider's batch, unless a kill came after the provider
