@@ -1,6 +1,8 @@
-"""Provider batches (issue 22): jobs of an opted-in definition on ``ai-background`` are collected
-into one OpenAI-compatible batch (a JSONL file of chat-completion requests), submitted, polled and
-answered at the batch price. ``api.py`` is the client of the provider's files and batches API;
-the rest of the package forms, submits, polls and settles the batches.
+"""Provider batches (issue 22): the ``ai-background`` jobs of a definition or route entry with a
+BatchPolicy are answered through an OpenAI-compatible batch API at its batch price.
 
-Layer: gateway (imports ``execution`` and ``core`` only; the runtime wires it)."""
+``items`` (a job's call parked for a batch, the line's outcome, the wake-up), ``guard`` (the
+BatchGuard around each call), ``batcher`` (form, upload, create), ``poller`` (poll, results,
+cancel), ``runner`` (the one step the housekeeping leader runs) and ``api`` (the client of the
+provider's files and batches). docs/architecture.md, decision 19, says why a parked job is a
+deferral with an item row and how each step is idempotent."""
