@@ -14,7 +14,14 @@ from engine.core.models import AiJob, AiProviderBatch, AiProviderBatchItem
 from engine.http.auth import TokenStore
 from tests.support.api import Harness
 from tests.support.dashboard import FormClient
-from tests.support.helpers import create_job
+from tests.support.helpers import create_job, wait_until
+from tests.test_batches import (  # noqa: F401
+    BATCH_COST,
+    all_terminal,
+    create_batched,
+    make_batch_rt,
+    submitted_batch,
+)
 from tests.test_dashboard import fits_the_screen, served, submit  # noqa: F401
 
 BATCHES = '/admin-api/ai/batches'
@@ -321,3 +328,45 @@ def test_in_a_browser_an_operator_goes_from_the_batches_to_a_batch_and_its_job(
     phone.close()
     context.close()
     assert errors == []
+
+
+# ---------------------------------------------------------------- batches the core made
+def test_operators_follow_a_real_batch_from_submitted_to_ended(make_batch_rt, batch_fake):  # noqa: F811
+    batch_fake.mode = 'manual'
+    rt = make_batch_rt()
+    with rt.store.connection():
+        api = Harness(rt)
+        job_ids = create_batched(rt, 3)
+        rt.start_background()
+        wait_until(lambda: AiProviderBatch.select().where(AiProviderBatch.job_count == 3).first())
+        batch = submitted_batch()
+
+        # In flight: the list, the gauges and the batch's page show it.
+        [shown] = api.admin.get(BATCHES, query={'state': 'submitted'}).json['items']
+        assert (shown['batchId'], shown['jobCount']) == (batch.id, 3)
+        assert shown['providerBatchId'] in batch_fake.batches
+        samples = gauges(api)
+        assert samples[('aijob_provider_batches_open', (('state', 'submitted'),))] == 1
+        assert samples[('aijob_provider_batch_jobs', (('state', 'batched'),))] == 3
+        client = operator(api)
+        page = client.get('/dashboard/batches/' + batch.id)
+        assert sorted(re.findall(r'<a href="/dashboard/jobs/([^"]+)">', page.text)) == sorted(
+            job_ids
+        )
+
+        # Completed at the provider: every job succeeds, the batch ends with its cost.
+        batch_fake.set_status(shown['providerBatchId'], 'completed')
+        all_terminal(job_ids)
+        ended = wait_until(
+            lambda: api.admin.get(BATCHES, query={'state': 'ended'}).json['items'] or None
+        )
+        assert [(b['batchId'], b['succeededCount'], b['cost']) for b in ended] == [
+            (batch.id, 3, str(BATCH_COST * 3))
+        ]
+        samples = gauges(api)
+        assert samples[('aijob_provider_batches_open', (('state', 'submitted'),))] == 0
+        assert samples[('aijob_provider_batch_jobs', (('state', 'batched'),))] == 0
+        assert samples[('aijob_provider_batch_cost', ())] == pytest.approx(float(BATCH_COST * 3))
+        page = client.get('/dashboard/batches/' + batch.id)
+        assert page.text.count('<span class="badge s-succeeded">succeeded</span>') == 3
+        assert str(BATCH_COST * 3) in client.get('/dashboard/batches').text

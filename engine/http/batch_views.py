@@ -16,13 +16,19 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ..core.errors import BatchNotFoundError, InvalidRequestError
 from ..core.models import AiJob, AiProviderBatch, AiProviderBatchItem
+from ..gateway.batches import batcher, items
 from .params import EPOCH, whole_number
 from .views import iso
 
-# ai_provider_batch.state and ai_provider_batch_item.state (engine/core/models.py docstrings).
-BATCH_STATES = ('building', 'uploaded', 'submitted', 'cancelling', 'ended')
+BATCH_STATES = (
+    batcher.BUILDING,
+    batcher.UPLOADED,
+    batcher.SUBMITTED,
+    batcher.CANCELLING,
+    batcher.ENDED,
+)
 OPEN_STATES = BATCH_STATES[:-1]
-IN_BATCH_ITEM_STATES = ('waiting', 'batched')  # the jobs a batch holds or is about to
+IN_BATCH_ITEM_STATES = (items.WAITING, items.BATCHED)  # the jobs a batch holds or is about to
 LIST_PARAMETERS = ('state', 'limit', 'cursor')
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 20, 100
 MAX_ITEMS_SHOWN = 1000  # a batch page lists at most this many of its jobs
@@ -131,17 +137,17 @@ def find_batch(batch_id):
 
 def batch_jobs(batch_id):
     """[(item, the job's lifecycle status or None)] of a batch, at most MAX_ITEMS_SHOWN."""
-    items = list(
+    rows = list(
         AiProviderBatchItem.select()
         .where(AiProviderBatchItem.batch_id == batch_id)
         .order_by(AiProviderBatchItem.id)
         .limit(MAX_ITEMS_SHOWN)
     )
-    job_ids = [item.job_id for item in items]
+    job_ids = [row.job_id for row in rows]
     statuses = dict(
         AiJob.select(AiJob.id, AiJob.lifecycle_status).where(AiJob.id.in_(job_ids)).tuples()
     )
-    return [(item, statuses.get(item.job_id)) for item in items]
+    return [(row, statuses.get(row.job_id)) for row in rows]
 
 
 def waiting_groups():
@@ -152,7 +158,7 @@ def waiting_groups():
             fn.COUNT(AiProviderBatchItem.id),
             fn.MIN(AiProviderBatchItem.created_at),
         )
-        .where(AiProviderBatchItem.state == 'waiting')
+        .where(AiProviderBatchItem.state == items.WAITING)
         .group_by(AiProviderBatchItem.group_key)
         .order_by(AiProviderBatchItem.group_key)
         .tuples()
