@@ -46,4 +46,6 @@ def provider_settings(base_url, model='fake-model', **extra):
 
 
 def register(app):
-    app.add_job_type(batched_definition())
+    # Worker processes: a batch of exactly ten jobs (the tests create ten, and no batch forms
+    # before they all wait).
+    app.add_job_type(batched_definition(max_wait_ms=60_000, max_jobs=10))
