@@ -9,7 +9,6 @@ metadata names the row. An item is in one batch row (the form is one transaction
 its items waiting -> batched), so a ``custom_id`` is in one created batch."""
 
 import json
-import logging
 
 from ...core.history import BATCH_SUBMITTED
 from ...core.logs import log_event
@@ -200,14 +199,3 @@ class Batcher:
             )
         ]
         items.insert_history(self.store, BATCH_SUBMITTED, job_ids, {'batchId': batch.id})
-
-
-def log_step_error(step, batch_id, exc):
-    log_event(
-        'batch.step_failed',
-        logging.WARNING,
-        step=step,
-        batch_id=batch_id,
-        error=str(exc)[:300],
-        retryable=getattr(exc, 'retryable', None),
-    )

@@ -6,10 +6,12 @@ poll the due ones and write their results, and wake any job whose line has its o
 ``install_batches`` puts the BatchGuard among the call guards (after the budgets, before the
 rate limits) when a definition or a route entry opts in, and returns the runner."""
 
+import logging
+
 from ...core.logs import log_event
 from . import items
 from .api import BatchApi, BatchApiError
-from .batcher import BUILDING, UPLOADED, Batcher, log_step_error
+from .batcher import BUILDING, UPLOADED, Batcher
 from .guard import BatchGuard
 from .poller import Poller
 
@@ -72,7 +74,14 @@ class BatchRunner:
         try:
             work()
         except BatchApiError as exc:
-            log_step_error(step, getattr(batch, 'id', None), exc)
+            log_event(
+                'batch.step_failed',
+                logging.WARNING,
+                step=step,
+                batch_id=getattr(batch, 'id', None),
+                error=str(exc)[:300],
+                retryable=exc.retryable,
+            )
             if not exc.retryable and batch is not None:
                 log_event('batch.abandoned', batch_id=batch.id, step=step)
                 self.poller.abandon(batch)
