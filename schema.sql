@@ -342,6 +342,7 @@ CREATE TABLE IF NOT EXISTS `ai_provider_batch_item` (
   `error_code` VARCHAR(64) NULL,
   `max_wait_ms` INTEGER NOT NULL,
   `max_jobs` INTEGER NOT NULL,
+  `parked_attempt` INTEGER NOT NULL,            -- the job's lock (attempt_no) deferred for it last
   `created_at` DATETIME(6) NOT NULL,
   `updated_at` DATETIME(6) NOT NULL,
   PRIMARY KEY (`id`),

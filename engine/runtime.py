@@ -31,6 +31,7 @@ from .execution.plugins import PluginApp, load_plugin
 from .execution.services import build_ai_services
 from .execution.webhook_signing import WebhookSigner
 from .gateway import cache as response_cache
+from .gateway.batches.runner import install_batches
 from .gateway.budgets import install_budgets
 from .gateway.ratelimits import install_rate_limits
 from .gateway.wiring import entry_limits
@@ -122,6 +123,17 @@ class Runtime:
         # the create-time refusal, and the reaper's release of a dead worker's reservations.
         self.budgets = install_budgets(self.ai, config, self.store, None)
         self.service.budget_check = self.budgets.check_creatable
+        # Provider batches (engine/gateway/batches/): the guard that parks an opted-in job's
+        # call after the budgets (a parked call keeps its reservation) and before the rate
+        # limits (a batch takes no online slot); its step runs on the housekeeping leader.
+        self.batches = install_batches(self.ai, config, self.store, self.outbox, self.registry)
+        # Steps the housekeeping leader runs besides its own: (name, interval_s, step), each
+        # step called with leading(), which says whether this process still holds the lease.
+        self.leader_steps = []
+        if self.batches is not None:
+            self.leader_steps.append(
+                ('batches', config.batch_interval_ms / 1000.0, self.batches.step)
+            )
         # Provider rate limits (AIJOB_RATE_LIMITS and the provider file's), after the budgets:
         # a call refused by a budget books no rate-limit slot. In Redis when the queue is there.
         install_rate_limits(

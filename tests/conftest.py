@@ -8,6 +8,7 @@ pytest_plugins = (
     'tests.support.runtimes',
     'tests.support.api',
     'tests.support.fake_openai',
+    'tests.support.fake_batch_api',
     'tests.support.receiver',
     'tests.support.dashboard',
     'tests.support.worker_processes',

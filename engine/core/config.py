@@ -319,6 +319,30 @@ SETTINGS = (
         'Delivered and dead webhook deliveries older than this are deleted by the purger.',
     ),
     Setting(
+        'AIJOB_BATCH_INTERVAL_MS',
+        '1000',
+        positive_int,
+        'How often the housekeeping leader forms, submits and polls provider batches.',
+    ),
+    Setting(
+        'AIJOB_BATCH_POLL_FIRST_MS',
+        '2000',
+        positive_int,
+        'The first wait before a submitted provider batch is polled; it doubles at each poll.',
+    ),
+    Setting(
+        'AIJOB_BATCH_POLL_MAX_MS',
+        '300000',
+        positive_int,
+        'The longest wait between two polls of a provider batch.',
+    ),
+    Setting(
+        'AIJOB_BATCH_RESULT_CHUNK',
+        '200',
+        positive_int,
+        'Lines of a finished provider batch written per transaction.',
+    ),
+    Setting(
         'AIJOB_PURGE_INTERVAL_MS',
         '3600000',
         positive_int,

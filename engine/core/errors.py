@@ -280,6 +280,12 @@ class BudgetNotFoundError(HttpError):
     public_message = 'No such budget.'
 
 
+class BatchNotFoundError(HttpError):
+    code = 'BATCH_NOT_FOUND'
+    http_status = 404
+    public_message = 'No such provider batch.'
+
+
 class WebhooksUnavailableError(HttpError):
     code = 'WEBHOOKS_UNAVAILABLE'
     http_status = 503

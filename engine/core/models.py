@@ -508,8 +508,8 @@ class AiProviderBatchItem(BaseModel):
     online path renders it, and the line's outcome. ``custom_id`` = '<job id>:<attempt>'.
 
     ``state``: waiting (no batch yet) -> batched (in ``batch_id``) -> answered (``response``
-    holds the line's body) | failed (``error_code``) | expired (goes online) | cancelled;
-    consumed once the job's attempt has used the answer."""
+    holds the line's body) | failed (``error_code``, ``response`` the line's error) | expired
+    (goes online) | cancelled; consumed once the job's attempt has used the answer."""
 
     id = BigAutoField()
     job_id = CharField(max_length=36)
@@ -523,6 +523,9 @@ class AiProviderBatchItem(BaseModel):
     error_code = CharField(max_length=64, null=True)
     max_wait_ms = IntegerField()  # the job's BatchPolicy, when it was queued for a batch
     max_jobs = IntegerField()
+    # The job's lock (its attempt_no) that was last deferred for this item: a job whose
+    # attempt_no still equals it waits for this item alone, and its outcome wakes it.
+    parked_attempt = IntegerField()
     created_at = Timestamp()
     updated_at = Timestamp()
 

@@ -28,6 +28,9 @@ MIN_TIMEOUT_MS, MAX_TIMEOUT_MS = 1_000, 600_000
 MAX_RETRIES = 10
 CACHE_SCOPES = ('user', 'global')
 MAX_CACHE_TTL_MS = 30 * 24 * 3600 * 1000  # a cached answer older than a month is stale anyway
+BATCH_QUEUE = 'ai-background'  # only jobs that can wait hours go to a provider's batch API
+MAX_BATCH_WAIT_MS = 24 * 3600 * 1000  # a batch that waits longer than its window is pointless
+MAX_BATCH_JOBS = 50_000  # OpenAI's limit of requests per batch
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,30 @@ class CachePolicy:
 
 
 @dataclass(frozen=True)
+class BatchPolicy:
+    """Provider batches (engine/gateway/batches/), opt-in per definition: the jobs of the
+    definition that run on ``ai-background`` are sent in a provider's batch API at its batch
+    price, a batch formed when ``max_jobs`` wait or the oldest has waited ``max_wait_ms``."""
+
+    max_wait_ms: int
+    max_jobs: int
+
+
+def validate_batch_policy(where, batch):
+    """Raise InvalidDefinitionError naming ``where`` when ``batch`` is no valid BatchPolicy."""
+    if not isinstance(batch, BatchPolicy):
+        raise InvalidDefinitionError('%s: batch must be a BatchPolicy' % where)
+    if not _is_int(batch.max_wait_ms) or not 1 <= batch.max_wait_ms <= MAX_BATCH_WAIT_MS:
+        raise InvalidDefinitionError(
+            '%s: batch.maxWaitMs %r must be 1..%d' % (where, batch.max_wait_ms, MAX_BATCH_WAIT_MS)
+        )
+    if not _is_int(batch.max_jobs) or not 1 <= batch.max_jobs <= MAX_BATCH_JOBS:
+        raise InvalidDefinitionError(
+            '%s: batch.maxJobs %r must be 1..%d' % (where, batch.max_jobs, MAX_BATCH_JOBS)
+        )
+
+
+@dataclass(frozen=True)
 class JobDefinition:
     job_type: str
     metadata: Metadata
@@ -111,6 +138,7 @@ class JobDefinition:
     provider: Optional[str] = None  # AI provider key; None = the configured default
     route: Optional[str] = None  # a route of AIJOB_PROVIDERS (a fallback chain), instead
     cache: Optional[CachePolicy] = None  # the response cache; None = never cached
+    batch: Optional[BatchPolicy] = None  # provider batches (ai-background only); None = online
     api_creatable: bool = True  # may clients create it through POST /api/ai/jobs?
 
 
@@ -159,6 +187,17 @@ def validate_definition(d):
     _validate_credential_policy(d)
     _validate_descriptive_fields(d)
     _validate_cache_policy(d)
+    _validate_batch(d)
+
+
+def _validate_batch(d):
+    if d.batch is None:
+        return
+    validate_batch_policy(d.job_type, d.batch)
+    if d.queue.queue_name != BATCH_QUEUE:
+        raise InvalidDefinitionError(
+            '%s: batch needs queue %s (a batch may take hours)' % (d.job_type, BATCH_QUEUE)
+        )
 
 
 def _validate_cache_policy(d):

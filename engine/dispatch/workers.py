@@ -6,6 +6,7 @@ finish within the grace period, then hand back what is still running (release th
 message back) and join everything under one deadline. Signal handlers only set flags.
 """
 
+import functools
 import logging
 import os
 import signal
@@ -243,7 +244,8 @@ class Supervisor:
 
 class Worker:
     """Worker pools, supervisor and the housekeeping loops, in this process. The housekeeping
-    (reaper, reconciler, outbox polling, webhook fan-out, purge) runs only while this process
+    (reaper, reconciler, outbox polling, webhook fan-out, purge, the runtime's ``leader_steps``)
+    runs only while this process
     holds the leader lease (architecture decision 12); the rest runs in every process. With
     ``with_maintenance=False`` the process never stands for the lease: job threads only."""
 
@@ -314,6 +316,10 @@ class Worker:
             # A queue that lost its data (Redis restarted empty) is noticed within a second.
             self._every('queue-epoch', QUEUE_EPOCH_CHECK_S, rt.reconciler.check_epoch, conn, lead)
             self._every('purger', config.purge_interval_ms / 1000.0, rt.purger.sweep, conn, lead)
+            # The gateway's own leader work (provider batches), handed in by the runtime; a
+            # long step asks again between its provider calls whether this process still leads.
+            for name, interval_s, step in rt.leader_steps:
+                self._every(name, interval_s, functools.partial(step, lead), conn, lead)
         for pool in self.pools:
             pool.start()
         log_event(

@@ -461,7 +461,9 @@ class ExecutionEngine:
                 result = guard.before(call)
                 passed.append(guard)
                 if result is not None:
-                    call.cached = True
+                    # A guard answered: the response cache (no cost), or a provider batch's
+                    # line, which the provider billed at its batch price.
+                    call.cached = not result.usage.batch
                     break
             if result is None:
                 result = self._generate(call, ctx)

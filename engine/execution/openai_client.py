@@ -66,15 +66,26 @@ class OpenAICompatibleProvider(Provider):
         timeout = openai.Timeout(remaining, read=min(remaining, self.read_timeout_s))
         api_key = request.credential.api_key or 'unset'  # a keyless local server ignores it
         client = self._client.with_options(api_key=api_key, timeout=timeout)
-        options = {'max_tokens': request.max_tokens} if request.max_tokens else {}
         return client.chat.completions.create(
-            model=request.model or self.model,
-            messages=messages,
+            **self.chat_body(request, messages),
             stream=True,
             stream_options={'include_usage': True},
-            response_format={'type': 'json_object'},
-            **options,
         )
+
+    def chat_body(self, request, messages=None):
+        """The chat completion body of ``request`` as this provider sends it, streaming left
+        out: the online call and a provider batch's line (engine/gateway/batches/) send the
+        same request. ``messages``: already rendered (default: rendered here)."""
+        if messages is None:
+            messages = self.prompts.render(request)
+        body = {
+            'model': request.model or self.model,
+            'messages': messages,
+            'response_format': {'type': 'json_object'},
+        }
+        if request.max_tokens:
+            body['max_tokens'] = request.max_tokens
+        return body
 
     def list_models(self, api_key, timeout_s=10.0):
         """The model ids ``GET /models`` answers (``python aijob.py providers --check``);
@@ -218,27 +229,25 @@ def classify(exc):
 
 
 def _classify_status(exc):
-    status = exc.status_code
-    detail = 'provider answered HTTP %d: %s' % (status, _error_message(exc))
+    retry_after_s = retry_after_seconds(exc.response.headers)
+    return status_failure(exc.status_code, _error_message(exc), exc.code, retry_after_s)
+
+
+def status_failure(status, message, code=None, retry_after_s=None):
+    """contracts §5.2 class of an HTTP ``status`` the provider answered, with its error
+    ``message`` and ``code``: the online call's failure, and a provider batch's failed line's."""
+    detail = 'provider answered HTTP %d: %s' % (status, message)
     if status == 429:
-        return ProviderError(
-            detail,
-            code='PROVIDER_RATE_LIMITED',
-            retry_after_s=retry_after_seconds(exc.response.headers),
-        )
+        return ProviderError(detail, code='PROVIDER_RATE_LIMITED', retry_after_s=retry_after_s)
     if status in (401, 403):
         return CredentialError(detail, code='CREDENTIAL_INVALID')
     if status == 408:
         return ProviderError(detail, code='PROVIDER_TIMEOUT')
     if status in (502, 503, 504):
-        return ProviderError(
-            detail,
-            code='PROVIDER_UNAVAILABLE',
-            retry_after_s=retry_after_seconds(exc.response.headers),
-        )
+        return ProviderError(detail, code='PROVIDER_UNAVAILABLE', retry_after_s=retry_after_s)
     if status >= 500:
         return ProviderError(detail, code='PROVIDER_ERROR')
-    if _is_context_length(exc):
+    if _is_context_length(code, message):
         return ProviderRequestError(
             detail,
             code='PROVIDER_BAD_REQUEST_CONTEXT_LENGTH',
@@ -253,9 +262,45 @@ def _error_message(exc):
     return (message or '')[:300]
 
 
-def _is_context_length(exc):
-    text = ('%s %s' % (exc.code or '', _error_message(exc))).lower()
+def _is_context_length(code, message):
+    text = ('%s %s' % (code or '', message)).lower()
     return any(marker in text for marker in CONTEXT_LENGTH_MARKERS)
+
+
+def parse_completion(body, model=''):
+    """The ProviderResult of a chat.completion object (a provider batch's answered line),
+    judged as the streamed call judges its end: a refusal or a content filter is a
+    ContentSafetyError, output that is no JSON object an OutputValidationError, each carrying
+    the usage."""
+    usage = _completion_usage(body.get('usage') or {})
+    choices = body.get('choices') or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    message = choice.get('message') or {}
+    finish_reason = choice.get('finish_reason')
+    if finish_reason == 'content_filter' or message.get('refusal'):
+        raise _with_usage(
+            ContentSafetyError(
+                'provider refused: finish_reason=%s' % finish_reason,
+                public_message='The AI provider refused the content.',
+            ),
+            usage,
+        )
+    output = parse_json_object(message.get('content') or '', finish_reason)
+    if isinstance(output, OutputValidationError):
+        raise _with_usage(output, usage)
+    return ProviderResult(output=output, usage=usage, model=body.get('model') or model)
+
+
+def _completion_usage(raw):
+    details = raw.get('prompt_tokens_details') or {}
+    cached = details.get('cached_tokens')
+    if cached is None:
+        cached = raw.get('prompt_cache_hit_tokens')
+    return Usage(
+        raw.get('prompt_tokens') or 0,
+        raw.get('completion_tokens') or 0,
+        cached_prompt_tokens=cached if isinstance(cached, int) and cached > 0 else 0,
+    )
 
 
 def retry_after_seconds(headers):

@@ -37,6 +37,7 @@ class Usage:
     completion_tokens: int = 0
     cached_prompt_tokens: int = 0  # of prompt_tokens, served from the provider's prompt cache
     batch: bool = False  # billed at the provider's batch rate (usage.Price.batch)
+    batch_id: Optional[str] = None  # the ai_provider_batch that answered the call
 
 
 @dataclass

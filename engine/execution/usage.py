@@ -19,6 +19,9 @@ from ..core.models import AiUsageLog
 from ..core.sql import insert_row
 
 COST_PLACES = Decimal('0.000001')  # ai_usage_log.cost is DECIMAL(14, 6)
+# What a provider's batch API charges of its online price when the price names no ``batch``:
+# OpenAI, Azure OpenAI and the compatible hosts that offer batches charge half.
+DEFAULT_BATCH_FACTOR = Decimal('0.5')
 
 
 PRICE_FIELDS = {'prompt', 'completion', 'cachedPrompt', 'batch', 'per'}
@@ -28,7 +31,7 @@ PRICE_FIELDS = {'prompt', 'completion', 'cachedPrompt', 'batch', 'per'}
 class Price:
     """Prices per ``per`` tokens. ``cached_prompt``: a prompt token the provider served from its
     prompt cache (None: the prompt price). ``batch``: the factor of the whole cost of a call the
-    provider billed at its batch rate (``Usage.batch``; None: 1)."""
+    provider billed at its batch rate (``Usage.batch``; None: DEFAULT_BATCH_FACTOR)."""
 
     prompt: Decimal
     completion: Decimal
@@ -45,8 +48,8 @@ class Price:
             + cached_price * cached
             + self.completion * usage.completion_tokens
         ) / self.per
-        if self.batch is not None and getattr(usage, 'batch', False):
-            total *= self.batch
+        if getattr(usage, 'batch', False):
+            total *= DEFAULT_BATCH_FACTOR if self.batch is None else self.batch
         return total.quantize(COST_PLACES)
 
 
@@ -133,9 +136,9 @@ GROUPS = {'user': ('userId', AiUsageLog.user_id), 'job_type': ('jobType', AiUsag
 INSERT_USAGE = (
     'INSERT INTO ai_usage_log (job_id, user_id, job_type, attempt_no, call_no, credential_mode, '
     'provider, model, prompt_tokens, completion_tokens, cost, latency_ms, error_code, cached, '
-    'created_at) VALUES '
+    'batch_id, created_at) VALUES '
 )
-USAGE_ROW = '(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {now})'
+USAGE_ROW = '(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {now})'
 
 
 def record_usage(
@@ -143,7 +146,8 @@ def record_usage(
 ):
     """Write the row for provider call ``call_no`` of ``job``, made in its attempt
     ``job.attempt_no``; ``usage`` is a providers.Usage; ``cached``: the response cache answered
-    the call (its tokens are the cached answer's, its cost 0). Runs on
+    the call (its tokens are the cached answer's, its cost 0); ``usage.batch_id``: a provider
+    batch answered it (engine/gateway/batches/). Runs on
     the caller's connection, inside its transaction if it has one (the engine writes the row
     of a successful call in the PROJECT transaction)."""
     insert_row(
@@ -164,6 +168,7 @@ def record_usage(
             int(latency_ms),
             error_code,
             bool(cached),
+            getattr(usage, 'batch_id', None),
         ),
     )
 

@@ -13,10 +13,11 @@ counted in the period it was reserved in.
 
 A reservation whose worker died before settling is released by the reaper (``release_leaked``)
 once its job's lock is gone: the job finished, moved on to another attempt, or its lock expired
-``grace_ms`` ago; and a worker that takes over a job whose lock expired releases the
-reservations of the job's earlier attempts when it reserves. Settling and releasing each delete
-the reservation row first and give back the reserved amount only when they deleted it, so the
-two never both give it back.
+``grace_ms`` ago, unless a provider batch still holds the job's call (engine/gateway/batches/: a
+parked call keeps its reservation until its line is answered and used); and a worker that takes
+over a job whose lock expired releases the reservations of the job's earlier attempts when it
+reserves. Settling and releasing each delete the reservation row first and give back the
+reserved amount only when they deleted it, so the two never both give it back.
 
 The engine never imports this module: the runtime installs the guard (``install_budgets``) and
 hands the service its create-time check and the reaper its release."""
@@ -34,6 +35,8 @@ from ..core.models import AiBudget, AiBudgetSpend, new_id
 from ..core.sql import placeholders, statement
 from ..execution.openai_client import estimate_tokens
 from ..execution.providers import CallGuard, Usage
+from .batches.items import OPEN_STATES as OPEN_ITEM_STATES
+from .batches.items import PARKED
 
 SCOPES = ('user', 'jobType', 'global')
 PERIODS = ('day', 'month', 'total')
@@ -189,13 +192,16 @@ INSERT_RESERVATION = statement(
     'created_at) VALUES (%s, %s, %s, %s, %s, {now})'
 )
 DELETE_RESERVATION = statement('DELETE FROM ai_budget_reservation WHERE id = %s')
-# Reservations whose job's lock is gone: the job is missing or not running, runs another
-# attempt, or its lock expired more than the reaper's grace ago.
+# Reservations whose job's lock is gone: the job is missing or not running, or it runs another
+# attempt or its lock expired more than the reaper's grace ago while no provider batch holds
+# its call (a parked job's reservation covers its line until the line is answered and used).
 LEAKED = statement(
     'SELECT r.id, r.amount_micros, r.spend_ids FROM ai_budget_reservation r '
     'LEFT JOIN ai_job j ON j.id = r.job_id '
-    "WHERE j.id IS NULL OR j.lifecycle_status <> 'running' OR j.attempt_no <> r.attempt_no "
-    'OR j.lock_until IS NULL OR j.lock_until < {now_plus} ORDER BY r.id LIMIT %d' % RELEASE_BATCH
+    "WHERE j.id IS NULL OR j.lifecycle_status <> 'running' OR ((j.attempt_no <> r.attempt_no "
+    'OR j.lock_until IS NULL OR j.lock_until < {now_plus}) AND NOT EXISTS (SELECT 1 FROM '
+    'ai_provider_batch_item i WHERE i.job_id = r.job_id AND i.state IN (%s))) '
+    'ORDER BY r.id LIMIT %d' % (', '.join("'%s'" % s for s in OPEN_ITEM_STATES), RELEASE_BATCH)
 )
 EARLIER_ATTEMPTS = statement(
     'SELECT id, amount_micros, spend_ids FROM ai_budget_reservation '
@@ -523,6 +529,10 @@ class BudgetGuard(CallGuard):
         # deferral or a route entry found unavailable gets none: give the reservation back.
         reservation = call.notes.get(self.NOTE)
         if reservation is None or failure is None or isinstance(failure, JobFailure):
+            return
+        if isinstance(failure, JobDeferred) and failure.reason == PARKED:
+            # Parked in a provider batch: the reservation covers the line until it is answered
+            # (the next lock's reserve, or the reaper once the job ends, gives it back).
             return
         self.budgets.release(reservation)
 

@@ -7,13 +7,18 @@ them, checked once at start-up (docs/architecture.md, decision 17).
                                     "price": {"prompt": "0.27", "completion": "1.10",
                                               "cachedPrompt": "0.07", "per": 1000000},
                                     "limits": {"rpm": 600, "tpm": 1000000},
-                                    "context": 65536, "maxTokens": 4096}}}},
+                                    "context": 65536, "maxTokens": 4096,
+                                    "batch": {"maxWaitMs": 600000, "maxJobs": 500}}}}},
      "routes": {"default": ["deepseek/deepseek-chat", "openrouter/deepseek/deepseek-chat"]}}
 
 A provider names the *environment variable* that holds its key (``apiKeyEnv``), never the key:
 the file can be committed and shown. A route entry is ``provider/model``, split at the first
 slash (OpenRouter's model names have slashes of their own). Without AIJOB_PROVIDERS, the old
 ``AIJOB_PROVIDER_BASE_URL``/``AIJOB_PROVIDER_MODEL`` are one provider, ``openai``, on one route.
+
+A model's ``batch`` sends the ``ai-background`` jobs routed to it through the provider's batch
+API (engine/gateway/batches/); it wins over a definition's own ``batch``, since the operator
+knows which providers offer the batch API and how their batches are best sized.
 
 Every error is a ConfigError of one line that names the entry at fault.
 """
@@ -23,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 from urllib.parse import urlsplit
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, InvalidDefinitionError
+from ..core.registry import BatchPolicy, validate_batch_policy
 from ..execution.usage import parse_price
 
 SETTING = 'AIJOB_PROVIDERS'
@@ -34,7 +40,8 @@ NAME_PATTERN = re.compile(r'^[a-z][a-z0-9_.-]{0,63}$')  # providers and routes
 ENV_PATTERN = re.compile(r'^[A-Za-z_][A-Za-z0-9_]{0,127}$')
 MAX_MODEL_CHARS = 128  # ai_usage_log.model
 PROVIDER_FIELDS = {'baseUrl', 'apiKeyEnv', 'readTimeoutMs', 'models'}
-MODEL_FIELDS = {'price', 'limits', 'context', 'maxTokens'}
+MODEL_FIELDS = {'price', 'limits', 'context', 'maxTokens', 'batch'}
+BATCH_FIELDS = {'maxWaitMs', 'maxJobs'}
 LIMIT_FIELDS = {'rpm', 'tpm'}
 
 
@@ -53,6 +60,7 @@ class ModelSpec:
     limits: Optional[Limits] = None
     context: Optional[int] = None  # the context window in tokens, when known
     max_tokens: Optional[int] = None  # the completion cap sent with each request
+    batch: Optional[BatchPolicy] = None  # its background jobs go through the batch API
 
 
 @dataclass(frozen=True)
@@ -225,7 +233,21 @@ def _model(where, name, entry):
         where + '.maxTokens',
         'must be below the context (%s)' % context,
     )
-    return ModelSpec(name, price, limits, context, max_tokens)
+    return ModelSpec(name, price, limits, context, max_tokens, _batch(where, entry.get('batch')))
+
+
+def _batch(where, raw):
+    if raw is None:
+        return None
+    where += '.batch'
+    _expect(isinstance(raw, dict), where, 'expected {"maxWaitMs", "maxJobs"}')
+    _fields(raw, BATCH_FIELDS, where)
+    policy = BatchPolicy(raw.get('maxWaitMs'), raw.get('maxJobs'))
+    try:
+        validate_batch_policy(where, policy)
+    except InvalidDefinitionError as exc:
+        _fail(where, str(exc).split(': ', 1)[1])
+    return policy
 
 
 def _routes(raw, providers):

@@ -49,11 +49,13 @@ from ..execution.usage import usage_totals
 from . import history_view, json_body, stream, text_feed, views
 from . import params as admin_jobs
 from .auth import TokenStore, bearer_token
+from .batch_views import batch_view, list_batches, parse_list_query
 from .budget_views import BudgetEndpoints
 from .dashboard import Dashboard
 from .metrics_view import CONTENT_TYPE as METRICS_TYPE
 from .metrics_view import MetricsAccess, scrape
 from .openapi import allowed_methods, build_openapi
+from .openapi_batches import batch_paths, batch_schemas
 from .openapi_budgets import budget_paths, budget_schemas
 from .openapi_dashboard import dashboard_paths
 from .openapi_push import push_paths, push_schemas
@@ -525,8 +527,8 @@ class Api:
         job_types = sorted(d.job_type for d in runtime.registry.get_all())
         self.openapi = build_openapi(
             runtime.registry,
-            dict(push_paths(), **dashboard_paths(), **budget_paths()),
-            dict(push_schemas(job_types), **budget_schemas(job_types)),
+            dict(push_paths(), **dashboard_paths(), **budget_paths(), **batch_paths()),
+            dict(push_schemas(job_types), **budget_schemas(job_types), **batch_schemas()),
             prompt_versions=runtime.ai.prompt_versions,
         )
         self.push = WebhookEndpoints(runtime)
@@ -851,6 +853,15 @@ class Api:
         log_event('budget.deleted', budget_id=budget_id)
         return bottle.HTTPResponse(status=204)
 
+    # -- provider batches (engine/gateway/batches/)
+    def admin_list_batches(self):
+        self.admin()
+        state, limit, after = parse_list_query(_query())
+        batches, next_cursor = list_batches(state, limit, after)
+        return reply(
+            {'items': [batch_view(b) for b in batches], 'nextCursor': next_cursor, 'limit': limit}
+        )
+
     # -- operations
     def healthz(self):
         return reply({'status': 'ok'})
@@ -915,6 +926,7 @@ def create_app(runtime):
         ('PUT', '/admin-api/ai/budgets', api.admin_put_budget, True),
         ('GET', '/admin-api/ai/budgets', api.admin_list_budgets, True),
         ('DELETE', '/admin-api/ai/budgets/<budget_id>', api.admin_delete_budget, True),
+        ('GET', '/admin-api/ai/batches', api.admin_list_batches, True),
         ('POST', '/api/ai/webhooks', api.create_webhook, True),
         ('GET', '/api/ai/webhooks', api.list_webhooks, True),
         ('GET', '/api/ai/webhooks/job-secret', api.webhook_job_secret, True),

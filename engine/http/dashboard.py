@@ -84,6 +84,8 @@ class Dashboard:
             ('POST', PREFIX + '/jobs/<job_id>/retry', self.retry, True),
             ('POST', PREFIX + '/retry-failed', self.retry_failed, True),
             ('GET', PREFIX + '/usage', self.usage_page, True),
+            ('GET', PREFIX + '/batches', self.batches_page, True),
+            ('GET', PREFIX + '/batches/<batch_id>', self.batch_page, True),
             ('GET', PREFIX + '/static/<name>', self.static, False),
         )
 
@@ -109,6 +111,18 @@ class Dashboard:
             return pages.usage(runtime, _query())
 
         return self._page('usage', 'Usage', values, live=False)
+
+    def batches_page(self):
+        def values(runtime):
+            return pages.batch_list(runtime, _query())
+
+        return self._page('batches', 'Batches', values, live=False)
+
+    def batch_page(self, batch_id):
+        def values(runtime):
+            return pages.batch_detail(runtime, batch_id)
+
+        return self._page('batch', 'Batch', values, live=False)
 
     def _page(self, name, title, read, live=True):
         """A page, or only its live part (``?part=live``, what the script refreshes; pages with
@@ -322,6 +336,7 @@ class Dashboard:
             'input_value': pages.input_value,
             'pretty': pages.pretty,
             'job_url': _job_url,
+            'batch_url': _batch_url,
             'urlencode': urlencode,
             'prefix': PREFIX,
         }
@@ -349,6 +364,10 @@ def _redirect(location):
 def _job_url(job_id, **query):
     url = '%s/jobs/%s' % (PREFIX, quote(job_id, safe=''))
     return url + ('?' + urlencode(query) if query else '')
+
+
+def _batch_url(batch_id):
+    return '%s/batches/%s' % (PREFIX, quote(batch_id, safe=''))
 
 
 def _known_job(job_id):

@@ -15,6 +15,7 @@ from ..core.logs import log_event
 from ..dispatch.scrape import CONTENT_TYPE, exposition
 from ..gateway.cooldowns import cooldown_gauge
 from .auth import TokenStore, bearer_token
+from .batch_views import batch_gauges
 
 SCRAPE_TIMEOUT_S = 10  # a scraper silent this long is dropped (the worker's own port)
 
@@ -50,8 +51,9 @@ def scrape(runtime):
 
 
 def gateway_collectors(runtime):
-    """The gateway's gauges read at scrape time: every configured entry's cooldown."""
-    return [_Collect(lambda: [cooldown_gauge(runtime.ai.gateway)])]
+    """The gateway's gauges read at scrape time: every configured entry's cooldown, and the
+    provider batches (open ones, the jobs in them, their cost)."""
+    return [_Collect(lambda: [cooldown_gauge(runtime.ai.gateway)]), _Collect(batch_gauges)]
 
 
 class _Collect:

@@ -97,6 +97,17 @@ def dashboard_paths():
             'Retry every failed job of ``jobType`` that finished since ``since``.', 400, 429
         ),
         prefix + '/usage': _page('Usage totals by user and by job type.'),
+        prefix + '/batches': _page(
+            'Provider batches (state, provider status, counts, age, cost) and the jobs waiting '
+            'for one; ``state`` and ``cursor`` filter and page the list.'
+        ),
+        prefix + '/batches/{batchId}': _page(
+            'One provider batch and its jobs.',
+            404,
+            parameters=[
+                {'name': 'batchId', 'in': 'path', 'required': True, 'schema': {'type': 'string'}}
+            ],
+        ),
         prefix + '/static/{name}': {
             'get': {
                 'summary': "The dashboard's stylesheet, script and icon.",

@@ -10,6 +10,9 @@
   ``job_body``, ``poll_until``, ``run_to_running``, ``run_to_failed``, ``JOBS``, ``ADMIN_JOBS``.
 - ``tests.support.fake_openai``: the loopback OpenAI-compatible server (``fake`` fixture),
   ``Reply``, ``json_reply``, ``error_reply``.
+- ``tests.support.fake_batch_api``: the same server plus OpenAI's files and batches API
+  (``batch_fake`` fixture, ``FakeBatchApi``): batch states a test drives, failed and expired lines,
+  hooks before each reply.
 - ``tests.support.dashboard``: ``FormClient`` (the dashboard in-process, with cookies and forms)
   and the ``chromium`` fixture (Playwright; a missing browser skips locally, fails under CI).
 - ``tests.support.wsgi``: the in-process WSGI client and the OpenAPI response check.

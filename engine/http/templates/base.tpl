@@ -16,6 +16,7 @@
     <a href="{{prefix}}" class="{{'on' if title == 'Overview' else ''}}">Overview</a>
     <a href="{{prefix}}/jobs" class="{{'on' if title in ('Jobs', 'Job') else ''}}">Jobs</a>
     <a href="{{prefix}}/usage" class="{{'on' if title == 'Usage' else ''}}">Usage</a>
+    <a href="{{prefix}}/batches" class="{{'on' if title in ('Batches', 'Batch') else ''}}">Batches</a>
   </nav>
   <form method="post" action="{{prefix}}/logout" class="signout">
     <span class="who">{{user_id}}</span>

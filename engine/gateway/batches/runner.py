@@ -1,0 +1,104 @@
+"""The one step of provider batches that the housekeeping leader runs every AIJOB_BATCH_INTERVAL_MS
+(the runtime hands it to the worker; one leader, so one batcher across every process): form the
+due batches, upload and create the pending ones, cancel those whose jobs were all cancelled,
+poll the due ones and write their results, and wake any job whose line has its outcome.
+
+``install_batches`` puts the BatchGuard among the call guards (after the budgets, before the
+rate limits) when a definition or a route entry opts in, and returns the runner."""
+
+import logging
+
+from ...core.logs import log_event
+from . import items
+from .api import BatchApi, BatchApiError
+from .batcher import BUILDING, UPLOADED, Batcher
+from .guard import BatchGuard
+from .poller import Poller
+
+__all__ = ('BatchRunner', 'install_batches')
+
+
+class BatchRunner:
+    def __init__(self, store, outbox, table, pricing, config, api_factory=BatchApi):
+        self.store = store
+        self.outbox = outbox
+        self.table = table
+        self._api_factory = api_factory
+        self._apis = {}
+        self.batcher = Batcher(store, self.api, config.batch_poll_first_ms)
+        self.poller = Poller(
+            store,
+            outbox,
+            self.api,
+            pricing,
+            config.batch_poll_first_ms,
+            config.batch_poll_max_ms,
+            config.batch_result_chunk,
+        )
+
+    def api(self, provider):
+        """The BatchApi of a provider of AIJOB_PROVIDERS (its base URL and key), made once."""
+        api = self._apis.get(provider)
+        if api is None:
+            spec = self.table.providers[provider]
+            api = self._apis[provider] = self._api_factory(
+                spec.base_url, self.table.key_of(provider)
+            )
+        return api
+
+    def step(self, leading=None):
+        """One turn of every stage; a batch whose provider call failed is tried again at the
+        next turn (retryable) or sent online (refused for good). ``leading()``: does this
+        process still hold the housekeeping lease? Asked before each batch's provider calls, so
+        a step that outlives its lease stops instead of racing the next leader."""
+        leading = leading or (lambda: True)
+        self.batcher.form()
+        for batch in self.batcher.pending():
+            if not leading():
+                return
+            self._guarded('submit', batch, lambda b=batch: self._submit(b))
+        self._guarded('cancel', None, self.poller.cancel_abandoned)
+        for batch in self.poller.due():
+            if not leading():
+                return
+            self._guarded('poll', batch, lambda b=batch: self.poller.poll(b))
+        self.store.run_in_transaction(lambda tx: items.wake(self.store, self.outbox, tx))
+
+    def _submit(self, batch):
+        if batch.state == BUILDING:
+            self.batcher.upload(batch)
+        if batch.state == UPLOADED:
+            self.batcher.create(batch)
+
+    def _guarded(self, step, batch, work):
+        try:
+            work()
+        except BatchApiError as exc:
+            log_event(
+                'batch.step_failed',
+                logging.WARNING,
+                step=step,
+                batch_id=getattr(batch, 'id', None),
+                error=str(exc)[:300],
+                retryable=exc.retryable,
+            )
+            if not exc.retryable and batch is not None:
+                log_event('batch.abandoned', batch_id=batch.id, step=step)
+                self.poller.abandon(batch)
+
+
+def opted_in(registry, table):
+    """Does any definition, or any model of the provider file, opt in to batches?"""
+    if any(getattr(d, 'batch', None) is not None for d in registry.get_all()):
+        return True
+    return any(m.batch is not None for p in table.providers.values() for m in p.models.values())
+
+
+def install_batches(ai, config, store, outbox, registry):
+    """Append the BatchGuard to ``ai.guards`` and return the BatchRunner, when the gateway is
+    routed (AIJOB_PROVIDERS or the shorthand) and something opts in; else None."""
+    table = getattr(ai.gateway, 'table', None)
+    if table is None or not opted_in(registry, table):
+        return None
+    ai.guards.append(BatchGuard(store, table))
+    return BatchRunner(store, outbox, table, ai.pricing, config)
