@@ -126,7 +126,8 @@ class Runtime:
         # call after the budgets (a parked call keeps its reservation) and before the rate
         # limits (a batch takes no online slot); its step runs on the housekeeping leader.
         self.batches = install_batches(self.ai, config, self.store, self.outbox, self.registry)
-        # Steps the housekeeping leader runs besides its own: (name, interval_s, step).
+        # Steps the housekeeping leader runs besides its own: (name, interval_s, step), each
+        # step called with leading(), which says whether this process still holds the lease.
         self.leader_steps = []
         if self.batches is not None:
             self.leader_steps.append(

@@ -5,10 +5,13 @@ retried in a later batch; an expired batch's jobs finish online; a cancelled job
 and a batch whose jobs were all cancelled is cancelled at the provider; budgets hold a parked
 job's reservation; and every step run again after it was cut short sends nothing twice."""
 
+import dataclasses
+import json
 from decimal import Decimal
 
 import pytest
 
+from engine.core.errors import ConfigError, InvalidDefinitionError
 from engine.core.history import BATCH_SUBMITTED, SUCCEEDED
 from engine.core.lifecycle import TERMINAL
 from engine.core.models import (
@@ -22,9 +25,14 @@ from engine.core.models import (
     AiUsageLog,
     OutboxEvent,
 )
+from engine.core.registry import BatchPolicy, QueuePolicy, validate_definition
 from engine.execution.engine import ExecutionEngine
+from engine.gateway import providers_config
+from engine.gateway.providers_config import Entry
+from engine.jobtypes.synthetic import synthetic_definition
 from tests.support.batched_jobs import FAST_BATCHES, batched_definition, provider_settings
 from tests.support.helpers import create_job, wait_until
+from tests.support.routed_jobs import routed_definition
 from tests.support.runtimes import FAST_SETTINGS, fast_registry
 
 ONLINE_COST = Decimal('0.025000')  # the fake's usage (11 prompt, 7 completion) at PRICE
@@ -67,7 +75,10 @@ def usage_rows(job_ids):
 
 
 def test_200_jobs_go_in_4_batches_at_half_price_each_projected_once(make_batch_rt, batch_fake):
-    rt = make_batch_rt(batched_definition(max_wait_ms=600_000, max_jobs=50))
+    # The reaper's lost wake-up path out of reach: each job is woken by its line's outcome.
+    rt = make_batch_rt(
+        batched_definition(max_wait_ms=600_000, max_jobs=50), AIJOB_REAP_AFTER_MS='600000'
+    )
     with rt.store.connection():
         job_ids = create_batched(rt, 200)
         rt.start_background()
@@ -231,7 +242,7 @@ def test_every_step_cut_short_resumes_without_sending_anything_twice(
     make_batch_rt, batch_fake, monkeypatch
 ):
     rt = make_batch_rt(
-        batched_definition(max_wait_ms=1),
+        batched_definition(max_jobs=3),
         AIJOB_BATCH_RESULT_CHUNK='1',
         AIJOB_BATCH_POLL_FIRST_MS='1',  # every poll due at the next step
         AIJOB_BATCH_POLL_MAX_MS='1',
@@ -307,3 +318,119 @@ def test_every_step_cut_short_resumes_without_sending_anything_twice(
         assert [(row.cost, row.batch_id) for row in rows] == [(BATCH_COST, batch.id)] * 3
         assert len(batch_fake.uploads) == 1 and len(batch_fake.batches) == 1
         assert len(batch_fake.submitted_custom_ids) == 3
+
+
+def test_a_batch_policy_is_checked_at_registration_and_in_the_provider_file(batch_fake):
+    with pytest.raises(InvalidDefinitionError, match='batch needs queue ai-background'):
+        validate_definition(
+            dataclasses.replace(batched_definition(), queue=QueuePolicy('ai-interactive'))
+        )
+    with pytest.raises(InvalidDefinitionError, match='batch.maxJobs 0 must be 1..50000'):
+        validate_definition(batched_definition(max_jobs=0))
+    raw = json.loads(provider_settings(batch_fake.base_url)['AIJOB_PROVIDERS'])
+    model = raw['providers']['fake']['models']['fake-model']
+    model['batch'] = {'maxWaitMs': 1000, 'maxJobs': 20}
+    table = providers_config.parse(raw)
+    assert table.model(Entry('fake', 'fake-model')).batch == BatchPolicy(1000, 20)
+    model['batch'] = {'maxWaitMs': 0, 'maxJobs': 20}
+    with pytest.raises(ConfigError) as refused:
+        providers_config.parse(raw)
+    assert 'providers.fake.models.fake-model.batch' in str(refused.value)
+    assert 'maxWaitMs 0 must be 1..86400000' in str(refused.value)
+
+
+def test_a_route_entry_with_a_batch_policy_batches_its_background_jobs_only(
+    make_runtime, batch_fake
+):
+    """The entry's policy opts in a definition that has none; an ai-interactive job of the
+    same entry still goes online."""
+    background = dataclasses.replace(
+        routed_definition(job_type='plain_background'), queue=QueuePolicy('ai-background')
+    )
+    interactive = routed_definition(job_type='plain_interactive')
+    settings = provider_settings(batch_fake.base_url, **FAST_SETTINGS, **FAST_BATCHES)
+    raw = json.loads(settings['AIJOB_PROVIDERS'])
+    raw['providers']['fake']['models']['fake-model']['batch'] = {'maxWaitMs': 100, 'maxJobs': 5}
+    settings['AIJOB_PROVIDERS'] = json.dumps(raw)
+    rt = make_runtime(registry=fast_registry(background, interactive), **settings)
+    with rt.store.connection():
+        parked = create_batched(rt, 2, job_type='plain_background')
+        online = create_batched(rt, 1, job_type='plain_interactive')
+        rt.start_background()
+        jobs = all_terminal(parked + online)
+
+        assert {job.lifecycle_status for job in jobs} == {'succeeded'}
+        assert sorted(batch_fake.submitted_custom_ids) == sorted('%s:1' % j for j in parked)
+        assert len(batch_fake.requests) == 1  # the interactive job's call
+        costs = {row.job_id: (row.cost, bool(row.batch_id)) for row in usage_rows(parked + online)}
+        assert costs == {
+            parked[0]: (BATCH_COST, True),
+            parked[1]: (BATCH_COST, True),
+            online[0]: (ONLINE_COST, False),
+        }
+
+
+def test_a_batch_policy_on_a_provider_without_a_batch_api_runs_online(make_batch_rt, batch_fake):
+    """The synthetic provider is no OpenAI-compatible host: its jobs are never parked."""
+    synthetic = dataclasses.replace(
+        synthetic_definition(job_type='synthetic_batched', queue_name='ai-background'),
+        batch=BatchPolicy(max_wait_ms=1, max_jobs=1),
+    )
+    rt = make_batch_rt(synthetic)
+    with rt.store.connection():
+        job_ids = create_batched(rt, 2, job_type='synthetic_batched')
+        rt.start_background()
+        jobs = all_terminal(job_ids)
+
+        assert {job.lifecycle_status for job in jobs} == {'succeeded'}
+        assert AiProviderBatchItem.select().count() == 0
+        assert batch_fake.submitted_custom_ids == []
+        assert {row.batch_id for row in usage_rows(job_ids)} == {None}
+
+
+def test_a_job_woken_before_its_line_parks_again_and_its_line_still_wakes_it(
+    make_batch_rt, batch_fake
+):
+    rt = make_batch_rt(batched_definition(max_jobs=1), AIJOB_BATCH_POLL_FIRST_MS='1')
+    engine = ExecutionEngine(rt, 'test-worker')
+    batch_fake.mode = 'manual'
+    with rt.store.connection():
+        [job_id] = create_batched(rt, 1)
+        assert engine.execute(job_id) == 'deferred'
+        rt.batches.step()
+        batch = AiProviderBatch.get()
+        assert batch.state == 'submitted'
+
+        AiJob.update(lock_until=rt.store.now_plus_ms(-1000)).where(AiJob.id == job_id).execute()
+        assert engine.execute(job_id) == 'deferred'  # woken too early: parked again
+        item = AiProviderBatchItem.get(AiProviderBatchItem.job_id == job_id)
+        assert (item.state, item.parked_attempt) == ('batched', 2)
+
+        batch_fake.set_status(batch.provider_batch_id, 'completed')
+        rt.batches.step()
+        job = AiJob.get_by_id(job_id)
+        assert job.lock_until <= rt.store.clock()  # its wake time is now
+        assert engine.execute(job_id) == 'succeeded'
+        assert [(row.cost, row.batch_id) for row in usage_rows([job_id])] == [
+            (BATCH_COST, batch.id)
+        ]
+        assert batch_fake.submitted_custom_ids == ['%s:1' % job_id]
+
+
+def test_a_batch_that_failed_at_the_provider_sends_its_jobs_online(make_batch_rt, batch_fake):
+    batch_fake.mode = 'manual'
+    rt = make_batch_rt()
+    with rt.store.connection():
+        job_ids = create_batched(rt, 2)
+        rt.start_background()
+        wait_until(lambda: AiProviderBatch.select().where(AiProviderBatch.job_count == 2).first())
+        batch = submitted_batch()
+        batch_fake.set_status(batch.provider_batch_id, 'failed')
+        jobs = all_terminal(job_ids)
+
+        assert {job.lifecycle_status for job in jobs} == {'succeeded'}
+        assert [(row.cost, row.batch_id) for row in usage_rows(job_ids)] == [
+            (ONLINE_COST, None)
+        ] * 2
+        assert len(batch_fake.requests) == 2
+        assert AiProviderBatch.get_by_id(batch.id).provider_status == 'failed'

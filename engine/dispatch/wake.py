@@ -1,6 +1,7 @@
-"""The wake-up timer of deferred jobs (architecture decision 18): the process that deferred a job
-pushes its wake-up message itself at the job's wake time, from one thread for all its deferred
-jobs, so a deferral holds no worker thread and wakes within milliseconds of its time.
+"""The wake-up timer of deferred jobs (architecture decision 17, *Deferral*): the process that
+deferred a job pushes its wake-up message itself at the job's wake time, from one thread for all
+its deferred jobs, so a deferral holds no worker thread and wakes within milliseconds of its
+time.
 
 The durable wake-up is the outbox event the deferral wrote (claimed by this process): if the
 process dies first, its claim expires and the leader's dispatcher pushes the event when it is due

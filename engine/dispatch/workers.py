@@ -6,6 +6,7 @@ finish within the grace period, then hand back what is still running (release th
 message back) and join everything under one deadline. Signal handlers only set flags.
 """
 
+import functools
 import logging
 import os
 import signal
@@ -315,9 +316,10 @@ class Worker:
             # A queue that lost its data (Redis restarted empty) is noticed within a second.
             self._every('queue-epoch', QUEUE_EPOCH_CHECK_S, rt.reconciler.check_epoch, conn, lead)
             self._every('purger', config.purge_interval_ms / 1000.0, rt.purger.sweep, conn, lead)
-            # The gateway's own leader work (provider batches), handed in by the runtime.
+            # The gateway's own leader work (provider batches), handed in by the runtime; a
+            # long step asks again between its provider calls whether this process still leads.
             for name, interval_s, step in rt.leader_steps:
-                self._every(name, interval_s, step, conn, lead)
+                self._every(name, interval_s, functools.partial(step, lead), conn, lead)
         for pool in self.pools:
             pool.start()
         log_event(

@@ -4,5 +4,5 @@ BatchPolicy are answered through an OpenAI-compatible batch API at its batch pri
 ``items`` (a job's call parked for a batch, the line's outcome, the wake-up), ``guard`` (the
 BatchGuard around each call), ``batcher`` (form, upload, create), ``poller`` (poll, results,
 cancel), ``runner`` (the one step the housekeeping leader runs) and ``api`` (the client of the
-provider's files and batches). docs/architecture.md, decision 19, says why a parked job is a
+provider's files and batches). docs/architecture.md, decision 18, says why a parked job is a
 deferral with an item row and how each step is idempotent."""

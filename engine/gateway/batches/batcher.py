@@ -107,7 +107,9 @@ class Batcher:
             if not due:
                 break
             chosen, group = group[:max_jobs], group[max_jobs:]
-            made.append(self.store.run_in_transaction(lambda tx, c=chosen: self._new(group_key, c)))
+            batch_id = self.store.run_in_transaction(lambda tx, c=chosen: self._new(group_key, c))
+            if batch_id is not None:
+                made.append(batch_id)
         return made
 
     def _new(self, group_key, chosen):
@@ -122,6 +124,8 @@ class Batcher:
             )
             .execute()
         )
+        if not changed:  # a leader that lost its lease mid-step formed them already
+            return None
         AiProviderBatch.insert(
             id=batch_id,
             provider=provider,
@@ -159,7 +163,9 @@ class Batcher:
         AiProviderBatch.update(
             state=UPLOADED, input_file_id=file_id, updated_at=self.store.now()
         ).where((AiProviderBatch.id == batch.id) & (AiProviderBatch.state == BUILDING)).execute()
-        batch.state, batch.input_file_id = UPLOADED, file_id
+        # What the row says now: a leader that lost its lease mid-step may have stored its file.
+        stored = AiProviderBatch.get_by_id(batch.id)
+        batch.state, batch.input_file_id = stored.state, stored.input_file_id
 
     def create(self, batch):
         """uploaded -> submitted: the provider's batch, unless a kill came after the provider

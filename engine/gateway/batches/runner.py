@@ -44,14 +44,21 @@ class BatchRunner:
             )
         return api
 
-    def step(self):
+    def step(self, leading=None):
         """One turn of every stage; a batch whose provider call failed is tried again at the
-        next turn (retryable) or sent online (refused for good)."""
+        next turn (retryable) or sent online (refused for good). ``leading()``: does this
+        process still hold the housekeeping lease? Asked before each batch's provider calls, so
+        a step that outlives its lease stops instead of racing the next leader."""
+        leading = leading or (lambda: True)
         self.batcher.form()
         for batch in self.batcher.pending():
+            if not leading():
+                return
             self._guarded('submit', batch, lambda b=batch: self._submit(b))
         self._guarded('cancel', None, self.poller.cancel_abandoned)
         for batch in self.poller.due():
+            if not leading():
+                return
             self._guarded('poll', batch, lambda b=batch: self.poller.poll(b))
         self.store.run_in_transaction(lambda tx: items.wake(self.store, self.outbox, tx))
 
