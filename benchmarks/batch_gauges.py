@@ -42,10 +42,8 @@ def fill(store, batches, items):
     ]
     for start in range(0, len(rows), CHUNK):
         AiProviderBatch.insert_many(rows[start : start + CHUNK]).execute()
-    extra = {'parked_attempt': 1} if 'parked_attempt' in AiProviderBatchItem._meta.fields else {}
     item_rows = [
         dict(
-            extra,
             job_id=str(uuid.uuid4()),
             attempt_no=1,
             custom_id='bench-%d' % n,
@@ -55,6 +53,7 @@ def fill(store, batches, items):
             request={},
             max_wait_ms=60000,
             max_jobs=50,
+            parked_attempt=1,
             created_at=now,
             updated_at=now,
         )

@@ -57,11 +57,10 @@ def add_item(rt, job, state, batch=None, attempt_no=1, **columns):
         'request': {'model': 'gpt-4o-mini', 'messages': []},
         'max_wait_ms': 60_000,
         'max_jobs': 50,
+        'parked_attempt': job.attempt_no,
         'created_at': now,
         'updated_at': now,
     }
-    if 'parked_attempt' in AiProviderBatchItem._meta.fields:  # the batch core's column
-        values['parked_attempt'] = job.attempt_no
     values.update(columns)
     AiProviderBatchItem.insert(**values).execute()
 
