@@ -30,6 +30,7 @@ from engine.execution.engine import ExecutionEngine
 from engine.gateway import providers_config
 from engine.gateway.providers_config import Entry
 from engine.jobtypes.synthetic import synthetic_definition
+from tests.support.api import Harness
 from tests.support.batched_jobs import FAST_BATCHES, batched_definition, provider_settings
 from tests.support.helpers import create_job, wait_until
 from tests.support.routed_jobs import routed_definition
@@ -173,6 +174,10 @@ def test_a_job_cancelled_in_a_batch_ends_at_once_and_its_line_is_ignored(make_ba
         rt.start_background()
         wait_until(lambda: AiProviderBatch.select().where(AiProviderBatch.job_count == 2).first())
         batch = submitted_batch()
+        api = Harness(rt)  # user-a's jobs: the status names the batch while the job waits in it
+        status = api.a.get('/api/ai/jobs/%s' % kept).json
+        assert (status['lifecycleStatus'], status['batchId']) == ('running', batch.id)
+        assert api.b.get('/api/ai/jobs/%s' % kept).status == 404
 
         assert rt.service.cancel_job(cancelled).lifecycle_status == 'cancelled'  # at once
         batch_fake.set_status(batch.provider_batch_id, 'completed')
@@ -184,6 +189,7 @@ def test_a_job_cancelled_in_a_batch_ends_at_once_and_its_line_is_ignored(make_ba
         assert item.state == 'cancelled' and item.response is None
         assert batch_fake.cancelled_batch_ids == []  # one of its jobs still wanted its line
         assert events_of(cancelled, SUCCEEDED) == []
+        assert 'batchId' not in api.a.get('/api/ai/jobs/%s' % kept).json
 
 
 def test_a_batch_whose_jobs_were_all_cancelled_is_cancelled_at_the_provider(

@@ -3,7 +3,7 @@ answers, and the body a webhook delivers (architecture decision 15), so the two 
 
 from typing import NamedTuple
 
-from .lifecycle import SUCCEEDED
+from .lifecycle import RUNNING, SUCCEEDED
 from .models import AiJob
 from .sql import Statement, execute, job_from_row
 
@@ -22,6 +22,7 @@ STATUS_COLUMNS = (
     AiJob.finished_at,
     AiJob.error_code,
     AiJob.public_error_message,
+    AiJob.locked_by,  # None on a running job: deferred, perhaps parked in a provider batch
 )
 
 
@@ -34,6 +35,12 @@ SELECT_ARTIFACT_REFS = Statement(
     'SELECT 0, ordinal, id, artifact_type, artifact_id FROM ai_job_artifact WHERE job_id = %s '
     'UNION ALL SELECT 1, 0, id, provider, model FROM ai_usage_log '
     'WHERE job_id = %s AND error_code IS NULL ORDER BY 1, 2, 3'
+)
+# The provider batch a deferred job's call is in (issue 22): read only for a running job that
+# no worker holds, so polling a job that runs costs nothing more.
+SELECT_BATCH_ID = Statement(
+    "SELECT batch_id FROM ai_provider_batch_item WHERE job_id = %s AND state = 'batched' "
+    'ORDER BY id DESC LIMIT 1'
 )
 _STATUS_NAMES = tuple(c.name for c in STATUS_COLUMNS)
 
@@ -82,12 +89,15 @@ SUCCEEDED_REFS = _SucceededRefs()
 def find_for_status(job_id):
     """(job with STATUS_COLUMNS only, its artifact references in ordinal order), or (None, ()).
     One read of the job's row; the references only for a succeeded job (no other has any), and
-    only the first time this process sees it succeeded."""
+    only the first time this process sees it succeeded; a deferred job's provider batch."""
     row = execute(SELECT_STATUS, (job_id,)).fetchone()
     if row is None:
         return None, ()
     job = job_from_row(_STATUS_NAMES, row)
     refs = SUCCEEDED_REFS.get(job_id) if job.lifecycle_status == SUCCEEDED else ()
+    if job.lifecycle_status == RUNNING and job.locked_by is None:
+        batch = execute(SELECT_BATCH_ID, (job_id,)).fetchone()
+        job.batch_id = batch[0] if batch else None
     return job, refs
 
 
@@ -115,6 +125,7 @@ def job_status(job, artifact_refs=()):
         ('finishedAt', iso(job.finished_at)),
         ('errorCode', job.error_code),
         ('publicErrorMessage', job.public_error_message),
+        ('batchId', getattr(job, 'batch_id', None)),  # set by find_for_status
     )
     body.update((name, value) for name, value in optional if value is not None)
     if job.lifecycle_status == SUCCEEDED:

@@ -25,8 +25,6 @@ ADDED_COLUMNS = (
     ('ai_usage_log', 'cached', 'BOOLEAN NOT NULL DEFAULT 0'),  # the response cache (issue 21)
     ('ai_job', 'defer_count', 'INTEGER NOT NULL DEFAULT 0'),  # deferrals (lifecycle.defer)
     ('ai_usage_log', 'batch_id', 'VARCHAR(36) NULL'),  # provider batches (issue 22)
-    # A table that shipped on main before its guard did: the lock that parked each item.
-    ('ai_provider_batch_item', 'parked_attempt', 'INTEGER NOT NULL DEFAULT 0'),
 )
 # Indexes that came later, likewise: (table, index name, columns).
 ADDED_INDEXES = (

@@ -141,6 +141,11 @@ def _schemas(definitions, prompt_versions):
             'finishedAt': TIME,
             'errorCode': {'type': 'string'},
             'publicErrorMessage': {'type': 'string', 'description': 'Safe to show a user.'},
+            'batchId': {
+                'type': 'string',
+                'description': 'While the job waits in a provider batch (running): the batch, '
+                'as GET /admin-api/ai/batches names it.',
+            },
             'result': {
                 'type': 'object',
                 'additionalProperties': False,
