@@ -6,6 +6,7 @@ and a batch whose jobs were all cancelled is cancelled at the provider; budgets 
 job's reservation; and every step run again after it was cut short sends nothing twice."""
 
 import dataclasses
+import datetime
 import json
 from decimal import Decimal
 
@@ -440,3 +441,50 @@ def test_a_batch_that_failed_at_the_provider_sends_its_jobs_online(make_batch_rt
         ] * 2
         assert len(batch_fake.requests) == 2
         assert AiProviderBatch.get_by_id(batch.id).provider_status == 'failed'
+
+
+def test_a_job_parked_longer_than_its_deferral_goes_online_and_its_late_line_is_ignored(
+    make_batch_rt, batch_fake
+):
+    rt = make_batch_rt(batched_definition(max_jobs=1), AIJOB_BATCH_POLL_FIRST_MS='1')
+    engine = ExecutionEngine(rt, 'test-worker')
+    batch_fake.mode = 'manual'
+    with rt.store.connection():
+        [job_id] = create_batched(rt, 1)
+        assert engine.execute(job_id) == 'deferred'
+        rt.batches.step()
+        batch = AiProviderBatch.get()
+        # 26 h later the provider still has not ended the batch: the park's own wake-up comes
+        long_ago = rt.store.clock() - datetime.timedelta(hours=26)
+        AiProviderBatchItem.update(created_at=long_ago).execute()
+        AiJob.update(lock_until=rt.store.now_plus_ms(-1000)).where(AiJob.id == job_id).execute()
+
+        assert engine.execute(job_id) == 'succeeded'  # online
+        assert len(batch_fake.requests) == 1
+        [row] = usage_rows([job_id])
+        assert (row.cost, row.batch_id) == (ONLINE_COST, None)
+
+        batch_fake.set_status(batch.provider_batch_id, 'completed')  # the line comes after all
+        rt.batches.step()
+        assert AiProviderBatchItem.get().state == 'consumed'
+        assert len(events_of(job_id, SUCCEEDED)) == 1 and len(usage_rows([job_id])) == 1
+
+
+def test_a_job_woken_on_another_entry_of_its_route_uses_its_answered_line(
+    make_batch_rt, batch_fake
+):
+    rt = make_batch_rt(batched_definition(max_jobs=1), AIJOB_BATCH_POLL_FIRST_MS='1')
+    engine = ExecutionEngine(rt, 'test-worker')
+    with rt.store.connection():
+        [job_id] = create_batched(rt, 1)
+        assert engine.execute(job_id) == 'deferred'
+        rt.batches.step()
+        wait_until(lambda: rt.batches.step() or AiProviderBatchItem.get().state == 'answered')
+        # the definition no longer batches (as on an entry without a policy): the answer the
+        # provider billed is used all the same, not bought again online
+        online = dataclasses.replace(rt.registry.get('batched'), batch=None)
+        rt.registry._definitions['batched'] = online  # a redeploy without the policy
+        assert engine.execute(job_id) == 'succeeded'
+        assert batch_fake.requests == []
+        [row] = usage_rows([job_id])
+        assert row.cost == BATCH_COST and row.batch_id == AiProviderBatch.get().id

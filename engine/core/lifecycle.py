@@ -112,6 +112,7 @@ RUN_COLUMNS = (
     'retry_count',
     'max_retry_count',
     'locked_by',
+    'defer_count',  # a job never deferred has nothing waiting for it (a provider batch's line)
     'created_at',  # with started_at: the queue wait the metrics observe at the first lock
     'started_at',
 )

@@ -8,23 +8,26 @@ call's item (custom_id ``<job id>:<call no>``):
 - none: the item is written with the exact body the online call would send, and the job is
   deferred for longer than the batch's 24 h window (if the batch machinery never answers, the
   deferral's own wake-up sends the call online, as an expired line does);
-- waiting or batched (woken before its line): deferred again;
+- waiting or batched (woken before its line): deferred again; once parked longer than the park's
+  deferral (25 h), the item expires and the call goes online;
 - answered: the line's completion, judged as the online call judges one, at the batch price;
 - failed: the failure the online call would have had, for the job's retry policy to decide;
 - expired, or its batch ended at the provider: the call goes online.
 
-``settle`` marks the item consumed in the transaction of the call's usage row: an answer is used
-once."""
+A job woken on another entry of its route (its batch's entry cooling) still finds its item: an
+answer paid for is used. ``settle`` marks the item consumed in the transaction of the call's usage
+row, unless the attempt lost its lock: an answer is used once, by the attempt that projects it."""
 
 import contextlib
 
 from ...core.errors import JobDeferred, ProviderError
 from ...core.registry import BATCH_QUEUE
+from ...execution.engine import LOCK_LOST
 from ...execution.openai_client import OpenAICompatibleProvider, parse_completion, status_failure
 from ...execution.providers import CallGuard, Usage
 from ..providers_config import Entry
 from . import items
-from .items import ANSWERED, BATCHED, FAILED, PARKED, WAITING
+from .items import ANSWERED, BATCHED, EXPIRED, FAILED, PARKED, WAITING
 
 # Beyond the 24 h completion window: the deferral's wake-up is the last resort of a parked job.
 PARK_DELAY_S = 25 * 3600
@@ -53,25 +56,40 @@ class BatchGuard(CallGuard):
 
     def before(self, call):
         policy = self.policy_for(call)
-        if policy is None:
-            return None
+        if policy is None and not call.job.defer_count:
+            return None  # never deferred, so never parked: no line of a batch is its
         with self._unit():
             item = self._item(call, policy)
+        if item is None:
+            return None
         call.notes[self.NOTE] = item.id
         return self._outcome(item)
 
     def _item(self, call, policy):
-        """The call's item once it has its outcome; raises the park's deferral before then."""
+        """The call's item once it has its outcome, None when it has none and needs none;
+        raises the park's deferral before then. A call parked under one route entry keeps its
+        item when it wakes on another (its entry cooling): an answer paid for is used."""
         item = items.find(items.custom_id(call.job.id, call.call_no))
         if item is None:
+            if policy is None:
+                return None
             body = call.provider.chat_body(call.request)
             self.store.run_in_transaction(lambda tx: items.park(self.store, call, policy, body))
             raise _parked(None)
         if item.state in (WAITING, BATCHED):
-            if items.repark(item.id, call.job.attempt_no):
+            if self._overdue(item):  # the last resort: no line came within the window
+                items.set_outcome(self.store, item.id, EXPIRED, from_states=(WAITING, BATCHED))
+            elif items.repark(item.id, call.job.attempt_no):
                 raise _parked(item.batch_id)
-            item = items.find(item.custom_id)  # its outcome came meanwhile
+            item = items.find(item.custom_id)  # its outcome came meanwhile, or it expired
         return item
+
+    def _overdue(self, item):
+        """Parked longer than the park's own deferral: the batch machinery never answered
+        (a provider that never ends a batch, a batch stuck at the provider), so the call goes
+        online rather than wait forever; the poller's compare-and-set then ignores a late line."""
+        age = self.store.clock() - item.created_at
+        return age.total_seconds() >= PARK_DELAY_S
 
     def _outcome(self, item):
         if item.state == ANSWERED:
@@ -92,7 +110,8 @@ class BatchGuard(CallGuard):
 
     def settle(self, call, usage, cost, error_code):
         item_id = call.notes.get(self.NOTE)
-        if item_id is not None:
+        # An attempt that lost its lock projects nothing: its answer stays for the next one.
+        if item_id is not None and error_code != LOCK_LOST:
             items.consume(item_id)
 
 
