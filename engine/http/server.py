@@ -26,6 +26,7 @@ import time
 import gunicorn.util
 from gevent import monkey
 from gevent import socket as gevent_socket
+from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers import ggevent
 
@@ -102,6 +103,17 @@ def _drain_before_close(sock, limit_s=1.0, limit_bytes=1 << 20):
             received += len(chunk)
     except OSError:
         pass
+
+
+class NoAccessLogger(glogging.Logger):
+    """gunicorn's logger without its access log. gunicorn builds the access line's atoms for
+    every request whenever a ``logconfig_dict`` is set, even though ours sends ``gunicorn.access``
+    nowhere: 4 % of a status GET's CPU in a profile under load, spent on a line nobody reads.
+    The app writes its own access line (``http.request``)."""
+
+    @property
+    def access_log_enabled(self):
+        return False
 
 
 class GeventWorker(ggevent.GeventWorker):
@@ -202,6 +214,7 @@ def gunicorn_options(config, host, port, workers):
         'graceful_timeout': config.shutdown_grace_ms // 1000 + 5,
         'keepalive': max(1, min(KEEPALIVE_S, math.ceil(config.request_timeout_ms / 1000))),
         'accesslog': None,
+        'logger_class': NoAccessLogger,
         'logconfig_dict': gunicorn_logconfig(),
         'proc_name': 'aijob',
         # One shared default path would make concurrent instances fight over it.
