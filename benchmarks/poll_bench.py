@@ -9,12 +9,13 @@ Python client of 16 keep-alive http.client connections (threads, spread over two
 one GIL does not cap it), in ``--rounds`` alternating rounds with both servers up. Each round
 prints the requests/s and, with wrk, the p99 of both and their ratios, and (on Linux) how long
 the servers' workers waited for a CPU in the run queue beside the CPU they used
-(/proc/<pid>/schedstat): a wait far above the CPU time means the machine, not the app, made the
-tail. Last come the medians: ``status_get_rps=… floor_rps=… status_get_vs_floor=…`` and
-``status_get_p99_ms=… floor_p99_ms=… status_get_p99_vs_floor=…`` (ratios are medians of the
-per-round ratios). With ``--profile`` and py-spy on PATH, the last round also samples one worker
-of each server and prints its functions by own time. It stops only the processes it started, by
-pid.
+(/proc/<pid>/schedstat: a wait far above the CPU time means the machine, not the app, made the
+tail) and how wrk's connections landed on the workers (whichever worker wakes first accepts:
+16/0/0/0 has another tail than 4/4/4/4). Last come the medians: ``status_get_rps=…
+floor_rps=… status_get_vs_floor=…`` and ``status_get_p99_ms=… floor_p99_ms=…
+status_get_p99_vs_floor=…`` (ratios are medians of the per-round ratios). With ``--profile``
+and py-spy on PATH, the last round also samples one worker of each server and prints its
+functions by own time. It stops only the processes it started, by pid.
 
     AIJOB_DATABASE_URL=mysql://root@127.0.0.1:3306/test_bench \\
     AIJOB_REDIS_URL=redis://127.0.0.1:6379/3 python benchmarks/poll_bench.py
@@ -231,6 +232,34 @@ def cpu_and_wait_s(pids):
     return cpu / 1e9, wait / 1e9
 
 
+def connections_per_worker(port, pids):
+    """How many established connections to ``port`` each worker holds (Linux /proc), sorted,
+    or None. wrk opens its connections at once and whichever worker wakes first accepts them:
+    a round with 13 of 16 on one worker has another tail than one with 4 on each."""
+    try:
+        inodes = set()
+        for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+            with open(table) as handle:
+                for row in handle.readlines()[1:]:
+                    fields = row.split()
+                    if fields[3] == '01' and int(fields[1].rsplit(':', 1)[1], 16) == port:
+                        inodes.add('socket:[%s]' % fields[9])
+        counts = []
+        for pid in pids:
+            fds = '/proc/%d/fd' % pid
+            counts.append(sum(_readlink(os.path.join(fds, fd)) in inodes for fd in os.listdir(fds)))
+    except OSError:
+        return None
+    return sorted(counts, reverse=True)
+
+
+def _readlink(path):
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
 def start_profile(pid, duration_s, out_path):
     """py-spy sampling one worker while wrk runs (a measuring tool, not a dependency)."""
     argv = ['py-spy', 'record', '--pid', str(pid), '--duration', str(max(1, duration_s - 1))]
@@ -299,13 +328,21 @@ def drive(args, use_wrk, server, path, headers, duration_s):
 
 
 def measure(args, use_wrk, server, path, headers, profile_to=None):
-    """One measured run: {rps, p99, cpu_s, wait_s, profile}."""
+    """One measured run: {rps, p99, cpu_s, wait_s, spread, profile}."""
     workers = server.worker_pids()
     before = cpu_and_wait_s(workers)
     spy = start_profile(workers[0], args.duration, profile_to) if profile_to and workers else None
+    spread = {}
+    look = threading.Timer(
+        args.duration / 2,
+        lambda: spread.update(counts=connections_per_worker(server.port, workers)),
+    )
+    look.start()
     rps, p99 = drive(args, use_wrk, server, path, headers, args.duration)
+    look.join()
     after = cpu_and_wait_s(workers)
     result = {'rps': rps, 'p99': p99, 'cpu_s': None, 'wait_s': None, 'profile': None}
+    result['spread'] = spread.get('counts')
     if before and after:
         result['cpu_s'], result['wait_s'] = after[0] - before[0], after[1] - before[1]
     if spy is not None and spy.wait() == 0:
@@ -322,6 +359,15 @@ def describe(name, result):
             result['cpu_s'],
             result['wait_s'],
         )
+    if result['spread']:
+        text += ', connections per worker %s' % '/'.join(map(str, result['spread']))
+    return text
+
+
+def describe_ratios(status_get, floor):
+    text = 'status_get/floor: requests/s %.2f' % (status_get['rps'] / floor['rps'])
+    if status_get['p99'] and floor['p99']:
+        text += ', p99 %.2f' % (status_get['p99'] / floor['p99'])
     return text
 
 
@@ -384,6 +430,9 @@ def main(argv=None):
                 seen[name].append(results[name])
             print('round %d: %s' % (n + 1, describe('status_get', results['status_get'])))
             print('round %d: %s' % (n + 1, describe('floor', results['floor'])))
+            print(
+                'round %d: %s' % (n + 1, describe_ratios(results['status_get'], results['floor']))
+            )
             if last:
                 print_profiles(results)
     finally:
