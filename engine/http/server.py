@@ -16,6 +16,7 @@ hub: everything they wait on (the store, Redis, the provider's HTTP, sleeps, loc
 The ``worker`` process is not gunicorn and keeps real threads.
 """
 
+import gc
 import json
 import math
 import os
@@ -169,6 +170,10 @@ class AijobGunicorn(BaseApplication):
             self.runtime.start_background()
         app = create_app(self.runtime)
         app.aijob_api.watch.stopping = self._stopping
+        # What the worker built to serve (modules, the app, the OpenAPI document) lives as long
+        # as it does: out of the collector's sight, a full collection no longer walks ~115 000
+        # objects (50-90 ms with the hub stopped on a loaded 2-core machine; ~0 once frozen).
+        gc.freeze()
         return app
 
     def _post_fork(self, server, worker):
