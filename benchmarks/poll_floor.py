@@ -3,7 +3,8 @@ settings ``python aijob.py web`` uses (``engine.http.server.gunicorn_options``: 
 class, the same worker connections, keep-alive and timeouts, and the standard library patched
 for gevent before anything is imported, as aijob.py does), answering ``GET /job/<id>``
 with one primary-key read of ``ai_job`` through pymysql on a connection taken from a per-process
-pool of idle connections (as the engine's store does), and the row as JSON. No auth, no ORM, no
+pool of idle connections (as the engine's store does, without TLS to a loopback server), and the
+row as JSON; its workers freeze what they loaded, as the engine's do. No auth, no ORM, no
 artifact query: what a status read cannot go below on this stack.
 
     AIJOB_DATABASE_URL=mysql://root@127.0.0.1:3306/test_bench \\
@@ -16,6 +17,7 @@ monkey.patch_all(aggressive=False)  # first, as aijob.py does for serve and web
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -97,7 +99,9 @@ class FloorGunicorn(BaseApplication):
         self.cfg.set('proc_name', 'aijob-poll-floor')
 
     def load(self):
-        return create_floor_app(self.database_url)
+        app = create_floor_app(self.database_url)
+        gc.freeze()  # as the engine's workers do once their app is built (server.py)
+        return app
 
 
 def main(argv=None):
