@@ -1,15 +1,21 @@
-"""Status GET against its floor (issue 9, item 5).
+"""Status GET against its floor (issue 9, item 5; issue 23).
 
 On the configured MySQL/MariaDB + Redis (AIJOB_DATABASE_URL, AIJOB_REDIS_URL) it creates a token
 and one finished synthetic job, starts ``python aijob.py web --workers 4`` and the bare floor app
-(``benchmarks/poll_floor.py``, same gunicorn settings, one primary-key read) on free ports, drives
-each in turn with ``wrk -c16 -d10s`` when ``wrk`` is installed, else with a Python client of 16
-keep-alive http.client connections (threads, spread over two processes so one GIL does not cap
-it), in ``--rounds`` alternating rounds with both servers up, and prints each round's
-requests/s and ratio and, last, the medians: ``status_get_rps=… floor_rps=…
-status_get_vs_floor=…`` (the median of the per-round ratios) and, with wrk, each round's p99 of both
-and their median ratio ``status_get_p99_vs_floor``. It stops only the processes it
-started, by pid.
+(``benchmarks/poll_floor.py``, same gunicorn settings, one primary-key read) on free ports, warms
+each up with the same load (not measured: pools grow, each worker serves its first requests),
+then drives each in turn with ``wrk -t2 -c16 -d5s`` when ``wrk`` is installed, else with a
+Python client of 16 keep-alive http.client connections (threads, spread over two processes so
+one GIL does not cap it), in ``--rounds`` alternating rounds with both servers up. Each round
+prints the requests/s and, with wrk, the p99 of both and their ratios, and (on Linux) how long
+the servers' workers waited for a CPU in the run queue beside the CPU they used
+(/proc/<pid>/schedstat: a wait far above the CPU time means the machine, not the app, made the
+tail) and how wrk's connections landed on the workers (whichever worker wakes first accepts:
+16/0/0/0 has another tail than 4/4/4/4). Last come the medians: ``status_get_rps=…
+floor_rps=… status_get_vs_floor=…`` and ``status_get_p99_ms=… floor_p99_ms=…
+status_get_p99_vs_floor=…`` (ratios are medians of the per-round ratios). With ``--profile``
+and py-spy on PATH, the last round also samples one worker of each server and prints its
+functions by own time. It stops only the processes it started, by pid.
 
     AIJOB_DATABASE_URL=mysql://root@127.0.0.1:3306/test_bench \\
     AIJOB_REDIS_URL=redis://127.0.0.1:6379/3 python benchmarks/poll_bench.py
@@ -105,6 +111,14 @@ class Server:
                 time.sleep(0.1)
         raise SystemExit('poll_bench: %s did not start; log %s' % (self.name, self._tail()))
 
+    def worker_pids(self):
+        """The gunicorn workers' pids (the master's children), or [] where /proc has none."""
+        try:
+            with open('/proc/%d/task/%d/children' % ((self.process.pid,) * 2)) as handle:
+                return [int(pid) for pid in handle.read().split()]
+        except OSError:
+            return []
+
     def _tail(self):
         self.log.flush()
         with open(self.log.name, encoding='utf-8', errors='replace') as handle:
@@ -122,8 +136,8 @@ class Server:
 
 
 # ---------------------------------------------------------------- load generators
-def run_wrk(port, path, headers, connections, duration_s):
-    argv = ['wrk', '-t2', '-c%d' % connections, '-d%ds' % duration_s, '--latency']
+def run_wrk(port, path, headers, connections, duration_s, threads=2):
+    argv = ['wrk', '-t%d' % threads, '-c%d' % connections, '-d%ds' % duration_s, '--latency']
     for name, value in headers.items():
         argv += ['-H', '%s: %s' % (name, value)]
     out = subprocess.run(
@@ -203,24 +217,85 @@ def run_python_client(port, path, headers, connections, duration_s, processes=2,
     return sum(t[0] for t in totals) / duration_s, sum(t[1] for t in totals)
 
 
-def main(argv=None):
+# ---------------------------------------------------------------- what the machine did
+def cpu_and_wait_s(pids):
+    """(CPU time, time runnable but waiting for a CPU) summed over ``pids``, in seconds, from
+    /proc/<pid>/schedstat (Linux), or None."""
+    cpu = wait = 0
+    try:
+        for pid in pids:
+            with open('/proc/%d/schedstat' % pid) as handle:
+                ran, waited = handle.read().split()[:2]
+            cpu, wait = cpu + int(ran), wait + int(waited)
+    except (OSError, ValueError):
+        return None
+    return cpu / 1e9, wait / 1e9
+
+
+def connections_per_worker(port, pids):
+    """How many established connections to ``port`` each worker holds (Linux /proc), sorted,
+    or None. wrk opens its connections at once and whichever worker wakes first accepts them:
+    a round with 13 of 16 on one worker has another tail than one with 4 on each."""
+    try:
+        inodes = set()
+        for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+            with open(table) as handle:
+                for row in handle.readlines()[1:]:
+                    fields = row.split()
+                    if fields[3] == '01' and int(fields[1].rsplit(':', 1)[1], 16) == port:
+                        inodes.add('socket:[%s]' % fields[9])
+        counts = []
+        for pid in pids:
+            fds = '/proc/%d/fd' % pid
+            counts.append(sum(_readlink(os.path.join(fds, fd)) in inodes for fd in os.listdir(fds)))
+    except OSError:
+        return None
+    return sorted(counts, reverse=True)
+
+
+def _readlink(path):
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def start_profile(pid, duration_s, out_path):
+    """py-spy sampling one worker while wrk runs (a measuring tool, not a dependency)."""
+    argv = ['py-spy', 'record', '--pid', str(pid), '--duration', str(max(1, duration_s - 1))]
+    argv += ['--rate', '200', '--format', 'raw', '--nonblocking', '-o', out_path]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def own_time(raw_path, top=15):
+    """[(share of samples, function)] by own time, from py-spy's raw (collapsed) stacks."""
+    counts, total = {}, 0
+    with open(raw_path, encoding='utf-8', errors='replace') as handle:
+        for line in handle:
+            stack, _, n = line.rstrip().rpartition(' ')
+            leaf = re.sub(r':\d+\)$', ')', stack.split(';')[-1])
+            counts[leaf] = counts.get(leaf, 0) + int(n)
+            total += int(n)
+    ranked = sorted(counts.items(), key=lambda item: -item[1])[:top]
+    return [(n / total, name) for name, n in ranked]
+
+
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--workers', type=int, default=4, help='gunicorn workers of both apps')
     parser.add_argument('--connections', type=int, default=16)
-    parser.add_argument('--duration', type=int, default=10, help='seconds per target')
+    parser.add_argument('--threads', type=int, default=2, help="wrk's threads (-t)")
+    parser.add_argument('--duration', type=int, default=5, help='seconds per target')
+    parser.add_argument('--warmup', type=int, default=2, help='unmeasured seconds per target')
     parser.add_argument('--rounds', type=int, default=5, help='alternating rounds')
     parser.add_argument('--python-client', action='store_true', help='even if wrk is installed')
-    args = parser.parse_args(argv)
-    config = Config.from_env()
-    if not config.database_url.startswith(('mysql:', 'mariadb:')) or not config.uses_redis:
-        raise SystemExit('poll_bench: needs AIJOB_DATABASE_URL=mysql://… and AIJOB_REDIS_URL')
-    token, job_id = prepare(config)
-    use_wrk = shutil.which('wrk') and not args.python_client
-    print(
-        'load: %s, %d connections, %d s each'
-        % ('wrk' if use_wrk else 'python http.client threads', args.connections, args.duration)
-    )
-    targets = (
+    parser.add_argument('--profile', action='store_true', help='py-spy in the last round')
+    return parser.parse_args(argv)
+
+
+def targets_for(args, token, job_id):
+    """(name, server argv, path, headers) of the status GET and of its floor."""
+    return (
         (
             'status_get',
             [sys.executable, 'aijob.py', 'web', '--workers', str(args.workers)],
@@ -234,63 +309,166 @@ def main(argv=None):
             {},
         ),
     )
+
+
+def drive(args, use_wrk, server, path, headers, duration_s):
+    """(requests/s, p99 ms or None) of one run; any non-2xx answer stops the benchmark."""
+    if use_wrk:
+        rps, errors, p99 = run_wrk(
+            server.port, path, headers, args.connections, duration_s, args.threads
+        )
+    else:
+        (rps, errors), p99 = (
+            run_python_client(server.port, path, headers, args.connections, duration_s),
+            None,
+        )
+    if errors:
+        raise SystemExit('poll_bench: %s answered %d errors' % (server.name, errors))
+    return rps, p99
+
+
+def measure(args, use_wrk, server, path, headers, profile_to=None):
+    """One measured run: {rps, p99, cpu_s, wait_s, spread, profile}."""
+    workers = server.worker_pids()
+    before = cpu_and_wait_s(workers)
+    spy = start_profile(workers[0], args.duration, profile_to) if profile_to and workers else None
+    spread = {}
+    look = threading.Timer(
+        args.duration / 2,
+        lambda: spread.update(counts=connections_per_worker(server.port, workers)),
+    )
+    look.start()
+    rps, p99 = drive(args, use_wrk, server, path, headers, args.duration)
+    look.join()
+    after = cpu_and_wait_s(workers)
+    result = {'rps': rps, 'p99': p99, 'cpu_s': None, 'wait_s': None, 'profile': None}
+    result['spread'] = spread.get('counts')
+    if before and after:
+        result['cpu_s'], result['wait_s'] = after[0] - before[0], after[1] - before[1]
+    if spy is not None and spy.wait() == 0:
+        result['profile'] = own_time(profile_to)
+    return result
+
+
+def describe(name, result):
+    text = '%s %.1f requests/s' % (name, result['rps'])
+    if result['p99'] is not None:
+        text += ', p99 %.2f ms' % result['p99']
+    if result['cpu_s'] is not None:
+        text += ' (workers: %.2f s CPU, %.2f s waiting for a CPU)' % (
+            result['cpu_s'],
+            result['wait_s'],
+        )
+    if result['spread']:
+        text += ', connections per worker %s' % '/'.join(map(str, result['spread']))
+    return text
+
+
+def describe_ratios(status_get, floor):
+    text = 'status_get/floor: requests/s %.2f' % (status_get['rps'] / floor['rps'])
+    if status_get['p99'] and floor['p99']:
+        text += ', p99 %.2f' % (status_get['p99'] / floor['p99'])
+    return text
+
+
+def print_profiles(results):
+    for name, result in results.items():
+        if result['profile']:
+            print('profile of one %s worker, functions by own time:' % name)
+            for share, function in result['profile']:
+                print('  %5.1f%%  %s' % (100 * share, function))
+
+
+def median_line(label, values, unit=''):
+    return '%s=%.2f%s' % (label, statistics.median(values), unit)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    config = Config.from_env()
+    if not config.database_url.startswith(('mysql:', 'mariadb:')) or not config.uses_redis:
+        raise SystemExit('poll_bench: needs AIJOB_DATABASE_URL=mysql://… and AIJOB_REDIS_URL')
+    token, job_id = prepare(config)
+    use_wrk = shutil.which('wrk') and not args.python_client
+    print(
+        'load: %s, %d connections, %d s each after %d s of warm-up, %d workers'
+        % (
+            'wrk -t%d' % args.threads if use_wrk else 'python http.client threads',
+            args.connections,
+            args.duration,
+            args.warmup,
+            args.workers,
+        )
+    )
+    if args.profile and not shutil.which('py-spy'):
+        print('--profile: py-spy is not on PATH; no profile')
+        args.profile = False
+    targets = targets_for(args, token, job_id)
     servers = []
+    seen = {'status_get': [], 'floor': []}
     try:
         for name, server_argv, path, headers in targets:
             port = free_port()
             servers.append(Server(name, server_argv + ['--port', str(port)], port))
             servers[-1].wait_ready(path, headers)
-        ratios, tails, seen = [], [], {'status_get': [], 'floor': []}
+        for server, (_, _, path, headers) in zip(servers, targets, strict=True):
+            if args.warmup:
+                drive(args, use_wrk, server, path, headers, args.warmup)
         for n in range(args.rounds):
             # Both servers stay up and idle while the other is driven; the order alternates so
             # that neither always runs first after a pause.
             order = list(zip(servers, targets, strict=True))
             if n % 2:
                 order.reverse()
-            rps, p99 = {}, {}
+            last = args.profile and n == args.rounds - 1
+            results = {}
             for server, (name, _, path, headers) in order:
-                if use_wrk:
-                    rps[name], errors, p99[name] = run_wrk(
-                        server.port, path, headers, args.connections, args.duration
-                    )
-                else:
-                    rps[name], errors = run_python_client(
-                        server.port, path, headers, args.connections, args.duration
-                    )
-                if errors:
-                    raise SystemExit('poll_bench: %s answered %d errors' % (name, errors))
-            ratios.append(rps['status_get'] / rps['floor'])
-            for name, value in rps.items():
-                seen[name].append(value)
-            print(
-                'round %d: status_get %.1f requests/s, floor %.1f, ratio %.2f'
-                % (n + 1, rps['status_get'], rps['floor'], ratios[-1])
-            )
-            if p99.get('status_get') and p99.get('floor'):  # wrk's latency distribution
-                tails.append(p99['status_get'] / p99['floor'])
-                print(
-                    'round %d: p99 status_get %.2f ms, floor %.2f ms, ratio %.2f'
-                    % (n + 1, p99['status_get'], p99['floor'], tails[-1])
+                profile_to = os.path.join(tempfile.gettempdir(), 'poll-bench-%s.raw' % name)
+                results[name] = measure(
+                    args, use_wrk, server, path, headers, profile_to if last else None
                 )
+                seen[name].append(results[name])
+            print('round %d: %s' % (n + 1, describe('status_get', results['status_get'])))
+            print('round %d: %s' % (n + 1, describe('floor', results['floor'])))
+            print(
+                'round %d: %s' % (n + 1, describe_ratios(results['status_get'], results['floor']))
+            )
+            if last:
+                print_profiles(results)
     finally:
         for server in servers:
             server.stop()
+    print_summary(seen)
+    return 0
+
+
+def print_summary(seen):
+    """The medians over the rounds; each ratio is the median of the per-round ratios."""
+    pairs = list(zip(seen['status_get'], seen['floor'], strict=True))
+    ratios = [s['rps'] / f['rps'] for s, f in pairs]
     print(
-        'status_get_rps=%.1f floor_rps=%.1f status_get_vs_floor=%.2f (median of %d rounds: %s)'
+        '%s %s status_get_vs_floor=%.2f (median of %d rounds: %s)'
         % (
-            statistics.median(seen['status_get']),
-            statistics.median(seen['floor']),
+            median_line('status_get_rps', [s['rps'] for s, _ in pairs]),
+            median_line('floor_rps', [f['rps'] for _, f in pairs]),
             statistics.median(ratios),
             len(ratios),
             ', '.join('%.2f' % r for r in ratios),
         )
     )
+    tails = [(s['p99'], f['p99']) for s, f in pairs if s['p99'] and f['p99']]
     if tails:
+        ratios = [s / f for s, f in tails]
         print(
-            'status_get_p99_vs_floor=%.2f (median of %d rounds: %s)'
-            % (statistics.median(tails), len(tails), ', '.join('%.2f' % r for r in tails))
+            '%s %s status_get_p99_vs_floor=%.2f (median of %d rounds: %s)'
+            % (
+                median_line('status_get_p99_ms', [s for s, _ in tails]),
+                median_line('floor_p99_ms', [f for _, f in tails]),
+                statistics.median(ratios),
+                len(ratios),
+                ', '.join('%.2f' % r for r in ratios),
+            )
         )
-    return 0
 
 
 if __name__ == '__main__':

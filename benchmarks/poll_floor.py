@@ -3,7 +3,8 @@ settings ``python aijob.py web`` uses (``engine.http.server.gunicorn_options``: 
 class, the same worker connections, keep-alive and timeouts, and the standard library patched
 for gevent before anything is imported, as aijob.py does), answering ``GET /job/<id>``
 with one primary-key read of ``ai_job`` through pymysql on a connection taken from a per-process
-pool of idle connections (as the engine's store does), and the row as JSON. No auth, no ORM, no
+pool of idle connections (as the engine's store does, without TLS to a loopback server), and the
+row as JSON; its workers freeze what they loaded, as the engine's do. No auth, no ORM, no
 artifact query: what a status read cannot go below on this stack.
 
     AIJOB_DATABASE_URL=mysql://root@127.0.0.1:3306/test_bench \\
@@ -16,6 +17,7 @@ monkey.patch_all(aggressive=False)  # first, as aijob.py does for serve and web
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -29,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.core.config import Config  # noqa: E402
 from engine.core.logs import configure as configure_logging  # noqa: E402
+from engine.core.store import LOOPBACK_HOSTS  # noqa: E402
 from engine.http.server import gunicorn_options  # noqa: E402
 
 QUERY = 'SELECT * FROM ai_job WHERE id = %s'
@@ -38,14 +41,18 @@ def connect_args(database_url):
     parts = urlsplit(database_url)
     if parts.scheme not in ('mysql', 'mariadb'):
         raise SystemExit('poll_floor: AIJOB_DATABASE_URL must name MySQL/MariaDB')
+    host = parts.hostname or '127.0.0.1'
     return {
-        'host': parts.hostname or '127.0.0.1',
+        'host': host,
         'port': parts.port or 3306,
         'user': unquote(parts.username or 'root'),
         'password': unquote(parts.password or ''),
         'database': parts.path.strip('/'),
         'charset': 'utf8mb4',
         'autocommit': True,
+        # As the engine's store: no TLS to a loopback server. PyMySQL's default builds an SSL
+        # context per connection (~25 ms of CPU), which the floor's pool paid while it grew.
+        'ssl_disabled': host in LOOPBACK_HOSTS,
     }
 
 
@@ -92,7 +99,9 @@ class FloorGunicorn(BaseApplication):
         self.cfg.set('proc_name', 'aijob-poll-floor')
 
     def load(self):
-        return create_floor_app(self.database_url)
+        app = create_floor_app(self.database_url)
+        gc.freeze()  # as the engine's workers do once their app is built (server.py)
+        return app
 
 
 def main(argv=None):

@@ -16,6 +16,7 @@ hub: everything they wait on (the store, Redis, the provider's HTTP, sleeps, loc
 The ``worker`` process is not gunicorn and keeps real threads.
 """
 
+import gc
 import json
 import math
 import os
@@ -26,6 +27,7 @@ import time
 import gunicorn.util
 from gevent import monkey
 from gevent import socket as gevent_socket
+from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers import ggevent
 
@@ -104,6 +106,17 @@ def _drain_before_close(sock, limit_s=1.0, limit_bytes=1 << 20):
         pass
 
 
+class NoAccessLogger(glogging.Logger):
+    """gunicorn's logger without its access log. gunicorn builds the access line's atoms for
+    every request whenever a ``logconfig_dict`` is set, even though ours sends ``gunicorn.access``
+    nowhere: 4 % of a status GET's CPU in a profile under load, spent on a line nobody reads.
+    The app writes its own access line (``http.request``)."""
+
+    @property
+    def access_log_enabled(self):
+        return False
+
+
 class GeventWorker(ggevent.GeventWorker):
     """gunicorn's gevent worker for a process that aijob.py patched before any import: gunicorn's
     own ``patch_all()``, with other settings than ours, would warn and remove ``select.epoll``.
@@ -157,6 +170,10 @@ class AijobGunicorn(BaseApplication):
             self.runtime.start_background()
         app = create_app(self.runtime)
         app.aijob_api.watch.stopping = self._stopping
+        # What the worker built to serve (modules, the app, the OpenAPI document) lives as long
+        # as it does: out of the collector's sight, a full collection no longer walks ~115 000
+        # objects (50-90 ms with the hub stopped on a loaded 2-core machine; ~0 once frozen).
+        gc.freeze()
         return app
 
     def _post_fork(self, server, worker):
@@ -202,6 +219,7 @@ def gunicorn_options(config, host, port, workers):
         'graceful_timeout': config.shutdown_grace_ms // 1000 + 5,
         'keepalive': max(1, min(KEEPALIVE_S, math.ceil(config.request_timeout_ms / 1000))),
         'accesslog': None,
+        'logger_class': NoAccessLogger,
         'logconfig_dict': gunicorn_logconfig(),
         'proc_name': 'aijob',
         # One shared default path would make concurrent instances fight over it.
