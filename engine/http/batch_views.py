@@ -17,7 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from ..core.errors import BatchNotFoundError, InvalidRequestError
 from ..core.models import AiJob, AiProviderBatch, AiProviderBatchItem
 from ..gateway.batches import batcher, items
-from .params import EPOCH, whole_number
+from .params import DEFAULT_PAGE_SIZE, EPOCH, MAX_PAGE_SIZE, whole_number
 from .views import iso
 
 BATCH_STATES = (
@@ -30,7 +30,6 @@ BATCH_STATES = (
 OPEN_STATES = BATCH_STATES[:-1]
 IN_BATCH_ITEM_STATES = (items.WAITING, items.BATCHED)  # the jobs a batch holds or is about to
 LIST_PARAMETERS = ('state', 'limit', 'cursor')
-DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 20, 100
 MAX_ITEMS_SHOWN = 1000  # a batch page lists at most this many of its jobs
 CURSOR_PATTERN = r'^[0-9]{1,20}\.[0-9A-Za-z_-]{1,36}$'
 _CURSOR = re.compile(CURSOR_PATTERN)
@@ -168,22 +167,18 @@ def waiting_groups():
 # ---------------------------------------------------------------- the scrape's gauges
 def batch_gauges():
     """Open batches by state, jobs waiting for or in a batch, and the batches' cost."""
-    open_batches = GaugeMetricFamily(
+    open_batches = _state_gauge(
         'aijob_provider_batches_open',
         'Provider batches not yet ended, by state.',
-        labels=('state',),
+        AiProviderBatch,
+        OPEN_STATES,
     )
-    counts = _counts(AiProviderBatch, OPEN_STATES)
-    for state in OPEN_STATES:
-        open_batches.add_metric([state], counts.get(state, 0))
-    jobs = GaugeMetricFamily(
+    jobs = _state_gauge(
         'aijob_provider_batch_jobs',
         'Jobs waiting for a provider batch (waiting) or in a submitted one (batched).',
-        labels=('state',),
+        AiProviderBatchItem,
+        IN_BATCH_ITEM_STATES,
     )
-    counts = _counts(AiProviderBatchItem, IN_BATCH_ITEM_STATES)
-    for state in IN_BATCH_ITEM_STATES:
-        jobs.add_metric([state], counts.get(state, 0))
     cost = GaugeMetricFamily(
         'aijob_provider_batch_cost',
         'Cost of the provider batches kept in the store, at the batch price.',
@@ -191,6 +186,15 @@ def batch_gauges():
     total = AiProviderBatch.select(fn.SUM(AiProviderBatch.cost)).scalar()
     cost.add_metric([], float(money(total)))
     return [open_batches, jobs, cost]
+
+
+def _state_gauge(name, documentation, model, states):
+    """A gauge of ``model``'s rows in each of ``states`` (0 for a state with none)."""
+    gauge = GaugeMetricFamily(name, documentation, labels=('state',))
+    counts = _counts(model, states)
+    for state in states:
+        gauge.add_metric([state], counts.get(state, 0))
+    return gauge
 
 
 def _counts(model, states):

@@ -87,6 +87,22 @@ def _query_param(name, description, schema=None):
     }
 
 
+def _page_params(cursor_format, cursor_pattern, max_page=MAX_PAGE_SIZE):
+    """``limit`` and ``cursor``, the keyset paging of an admin list."""
+    return [
+        _query_param(
+            'limit',
+            'Page size (default %d).' % DEFAULT_PAGE_SIZE,
+            {'type': 'integer', 'minimum': 1, 'maximum': max_page},
+        ),
+        _query_param(
+            'cursor',
+            'The nextCursor of the previous page: ' + cursor_format,
+            {'type': 'string', 'pattern': cursor_pattern},
+        ),
+    ]
+
+
 def _list_params(user_filter):
     """The query parameters of a job list (engine/http/params.py)."""
     params = [
@@ -101,16 +117,9 @@ def _list_params(user_filter):
         _query_param('userId', 'Only this user.'),
         _query_param('createdFrom', 'Created at or after (RFC 3339).', TIME),
         _query_param('createdTo', 'Created before (RFC 3339).', TIME),
-        _query_param(
-            'limit',
-            'Page size (default %d).' % DEFAULT_PAGE_SIZE,
-            {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE_SIZE},
-        ),
-        _query_param(
-            'cursor',
-            "The nextCursor of the previous page: MICROS.JOB_ID, the last job's createdAt in "
-            'microseconds since 1970 (UTC) and its id.',
-            {'type': 'string', 'pattern': CURSOR_PATTERN},
+        *_page_params(
+            "MICROS.JOB_ID, the last job's createdAt in microseconds since 1970 (UTC) and its id.",
+            CURSOR_PATTERN,
         ),
     ]
     return [p for p in params if user_filter or p['name'] != 'userId']

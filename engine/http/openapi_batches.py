@@ -1,8 +1,8 @@
 """The provider batches part of the OpenAPI document (issue 22 item 5):
 ``GET /admin-api/ai/batches``, SUPER_ADMIN only."""
 
-from .batch_views import BATCH_STATES, CURSOR_PATTERN, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
-from .openapi import NULLABLE_TIME, TIME, _errors, _json, _query_param, _ref
+from .batch_views import BATCH_STATES, CURSOR_PATTERN, MAX_PAGE_SIZE
+from .openapi import NULLABLE_TIME, TIME, _errors, _json, _page_params, _query_param, _ref
 from .openapi_budgets import MONEY
 
 _NULLABLE_TEXT = {'type': ['string', 'null']}
@@ -66,16 +66,10 @@ def batch_paths():
                     _query_param(
                         'state', 'Only batches in this state.', {'enum': list(BATCH_STATES)}
                     ),
-                    _query_param(
-                        'limit',
-                        'Page size (default %d).' % DEFAULT_PAGE_SIZE,
-                        {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE_SIZE},
-                    ),
-                    _query_param(
-                        'cursor',
-                        "The nextCursor of the previous page: MICROS.BATCH_ID, the last batch's "
-                        'createdAt in microseconds since 1970 (UTC) and its id.',
-                        {'type': 'string', 'pattern': CURSOR_PATTERN},
+                    *_page_params(
+                        "MICROS.BATCH_ID, the last batch's createdAt in microseconds since 1970 "
+                        '(UTC) and its id.',
+                        CURSOR_PATTERN,
                     ),
                 ],
                 'responses': dict(
