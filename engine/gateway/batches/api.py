@@ -5,10 +5,12 @@ module, and the answers are plain dicts so no ``openai`` type travels further ei
 
 import contextlib
 import json
+import logging
 
 import openai
 
 from ...core.errors import AiJobError
+from ...core.logs import log_event
 
 ENDPOINT = '/v1/chat/completions'  # the only endpoint aijob batches
 COMPLETION_WINDOW = '24h'  # the only window OpenAI offers
@@ -117,6 +119,9 @@ def _require_id(value):
 
 
 def _parse_jsonl(file_id, data):
+    """The lines that are JSON objects; any other line is skipped (logged by number, never its
+    text), so one malformed line costs its own item (retried as a missing line) and not the
+    file's answered lines."""
     lines = []
     for number, text in enumerate(data.splitlines(), 1):
         if not text.strip():
@@ -126,7 +131,8 @@ def _parse_jsonl(file_id, data):
         except ValueError:
             line = None
         if not isinstance(line, dict):
-            raise BatchApiError('file %s line %d is not a JSON object' % (file_id, number), False)
+            log_event('batch.line_skipped', logging.WARNING, file_id=file_id, line=number)
+            continue
         lines.append(line)
     return lines
 
