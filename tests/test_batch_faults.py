@@ -19,6 +19,7 @@ from engine.core.models import (
     AiUsageLog,
 )
 from engine.execution.engine import ExecutionEngine
+from engine.gateway.batches.api import BatchApi
 from engine.gateway.batches.batcher import FORM_SCAN
 from engine.gateway.batches.poller import _batch_usage
 from tests.support.batched_jobs import FAST_BATCHES, batched_definition, provider_settings
@@ -288,3 +289,34 @@ def test_a_batch_cost_reads_cached_tokens_as_the_online_path_does(batch_rt, batc
         assert batch_of(job_id).state == 'ended'
         assert batch_of(job_id).cost == Decimal('0.007500')
         assert _batch_usage({'usage': 'not an object'}).prompt_tokens == 0
+
+
+def test_a_resume_stops_listing_at_entries_older_than_its_row(batch_rt, batch_fake, monkeypatch):
+    """The provider lists newest first: a file or batch made long before the row was created
+    cannot be the row's, so the search ends there instead of paging through the account."""
+    rt = batch_rt()
+    engine = ExecutionEngine(rt, 'test-worker')
+    old = BatchApi(batch_fake.base_url, 'sk-test')
+    for n in range(4):  # an account's earlier work, two hours old
+        line = {'custom_id': 'x:%d' % n, 'method': 'POST', 'url': '/v1/chat/completions'}
+        line['body'] = {'model': 'fake-model', 'messages': []}
+        file_id = old.upload('other-%d.jsonl' % n, (json.dumps(line) + '\n').encode())
+        created = old.create(file_id, 'other-%d' % n)
+        batch_fake.batches[created['id']]['created_at'] -= 7200
+    for file in batch_fake.files.values():
+        file['object']['created_at'] -= 7200
+    batch_fake.page_limit = 1
+    pages = {'files': 0, 'batches': 0}
+    for name, kind in (('list_files', 'files'), ('list_batches', 'batches')):
+
+        def counted(query, listing=getattr(batch_fake, name), kind=kind):
+            pages[kind] += 1
+            return listing(query)
+
+        monkeypatch.setattr(batch_fake, name, counted)
+    with rt.store.connection():
+        [job_id] = parked(rt, engine, 1)
+        rt.batches.step()
+
+        assert batch_of(job_id).state == 'submitted'
+        assert pages == {'files': 1, 'batches': 1}  # one page each, not four

@@ -8,6 +8,7 @@ upload first looks for the file ``aijob-<batch row id>.jsonl``, the create for t
 metadata names the row. An item is in one batch row (the form is one transaction that moves
 its items waiting -> batched), so a ``custom_id`` is in one created batch."""
 
+import calendar
 import json
 
 from ...core.history import BATCH_SUBMITTED
@@ -27,6 +28,14 @@ BUILDING, UPLOADED, SUBMITTED, CANCELLING, ENDED = (
 FORM_SCAN = MAX_BATCH_JOBS  # waiting items looked at per step: a group's max_jobs fits in one
 TERMINAL = ('succeeded', 'failed', 'cancelled')
 LINE_URL = '/v1/chat/completions'
+# A row's file and batch are made after the row; the provider's clock may run behind ours by
+# this much at most, so a listed entry older than the row's creation minus this is not ours.
+CLOCK_MARGIN_S = 3600
+
+
+def listed_since(batch):
+    """The Unix time before which no provider file or batch of the row can have been made."""
+    return calendar.timegm(batch.created_at.utctimetuple()) - CLOCK_MARGIN_S
 
 
 def input_filename(batch_id):
@@ -169,7 +178,7 @@ class Batcher:
         the upload: a leader that lost its lease during the search leaves it to the next."""
         api = self.apis(batch.provider)
         filename = input_filename(batch.id)
-        file_id = api.find_file(filename)
+        file_id = api.find_file(filename, listed_since(batch))
         if file_id is None:
             if leading is not None and not leading():
                 return
@@ -192,7 +201,7 @@ class Batcher:
         job's history, in the transaction that stores the provider's id. ``leading()`` is asked
         right before the create, as in ``upload``."""
         api = self.apis(batch.provider)
-        created = api.find_batch(batch.id)
+        created = api.find_batch(batch.id, listed_since(batch))
         if created is None:
             if leading is not None and not leading():
                 return
