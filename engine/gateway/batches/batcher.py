@@ -218,6 +218,7 @@ class Batcher:
                 provider_batch_id=created['id'],
                 provider_status=created.get('status') or '',
                 submitted_at=now,
+                poll_count=0,  # failed submit steps may have counted: polls back off anew
                 next_poll_at=self.store.now_plus_ms(self.poll_first_ms),
                 updated_at=now,
             )

@@ -83,10 +83,7 @@ class Poller:
         if info['status'] in OVER:
             self.results(batch, info)
             return
-        AiProviderBatch.update(provider_status=info['status']).where(
-            AiProviderBatch.id == batch.id
-        ).execute()
-        self.later(batch)
+        self.later(batch, provider_status=info['status'])
 
     def results(self, batch, info):
         """Every line's outcome into its item, ``chunk`` items per transaction, then the row
@@ -226,11 +223,13 @@ class Poller:
         ).execute()
         log_event('batch.cancelled', batch_id=batch.id)
 
-    def later(self, batch):
-        """A step of ``batch`` failed and may succeed later: its next turn waits the backoff,
-        so a batch that keeps failing neither spins nor holds up the others."""
+    def later(self, batch, **fields):
+        """The batch's next turn waits the backoff (a few seconds, doubling to minutes): the
+        provider is still at work, or a step failed and may succeed later (then the batch
+        neither spins nor holds up the others). ``fields``: more columns to set."""
         wait_ms = min(self.poll_max_ms, self.poll_first_ms * 2 ** min(batch.poll_count + 1, 30))
         AiProviderBatch.update(
+            **fields,
             poll_count=AiProviderBatch.poll_count + 1,
             next_poll_at=self.store.now_plus_ms(wait_ms),
             updated_at=self.store.now(),
