@@ -126,7 +126,9 @@ class Runtime:
         # Provider batches (engine/gateway/batches/): the guard that parks an opted-in job's
         # call after the budgets (a parked call keeps its reservation) and before the rate
         # limits (a batch takes no online slot); its step runs on the housekeeping leader.
-        self.batches = install_batches(self.ai, config, self.store, self.outbox, self.registry)
+        self.batches = install_batches(
+            self.ai, config, self.store, self.outbox, self.registry, self.budgets
+        )
         # Steps the housekeeping leader runs besides its own: (name, interval_s, step), each
         # step called with leading(), which says whether this process still holds the lease.
         self.leader_steps = []

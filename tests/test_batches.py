@@ -185,9 +185,19 @@ def test_a_job_cancelled_in_a_batch_ends_at_once_and_its_line_is_ignored(make_ba
         jobs = all_terminal([kept, cancelled])
 
         assert [job.lifecycle_status for job in jobs] == ['succeeded', 'cancelled']
-        assert [row.job_id for row in usage_rows([kept, cancelled])] == [kept]
+        # The provider billed the cancelled job's line: its usage row says so, and the
+        # batch's cost counts it; the job never used it.
+        rows = {
+            row.job_id: (row.error_code, row.cost, row.batch_id)
+            for row in usage_rows([kept, cancelled])
+        }
+        assert rows == {
+            kept: (None, BATCH_COST, batch.id),
+            cancelled: ('CANCELLED', BATCH_COST, batch.id),
+        }
         item = AiProviderBatchItem.get(AiProviderBatchItem.job_id == cancelled)
-        assert item.state == 'cancelled' and item.response is None
+        assert item.state == 'cancelled' and item.response is not None
+        assert AiProviderBatch.get_by_id(batch.id).cost == 2 * BATCH_COST
         assert batch_fake.cancelled_batch_ids == []  # one of its jobs still wanted its line
         assert events_of(cancelled, SUCCEEDED) == []
         assert 'batchId' not in api.a.get('/api/ai/jobs/%s' % kept).json
@@ -301,14 +311,13 @@ def test_every_step_cut_short_resumes_without_sending_anything_twice(
         write_chunk = runner.poller._write_chunk
         chunks = []
 
-        def killed_after_one_chunk(tx, pending, outcome_of):
+        def killed_after_one_chunk(tx, batch, pending, outcome_of):
             if chunks:
                 raise RuntimeError('killed')
-            chunks.append(write_chunk(tx, pending, outcome_of))
+            chunks.append(write_chunk(tx, batch, pending, outcome_of))
 
         monkeypatch.setattr(runner.poller, '_write_chunk', killed_after_one_chunk)
-        with pytest.raises(RuntimeError):
-            runner.step()
+        runner.step()  # the failure stays with the batch: logged, tried again later
         states = [
             item.state for item in AiProviderBatchItem.select().order_by(AiProviderBatchItem.id)
         ]
@@ -332,7 +341,7 @@ def test_a_batch_policy_is_checked_at_registration_and_in_the_provider_file(batc
         validate_definition(
             dataclasses.replace(batched_definition(), queue=QueuePolicy('ai-interactive'))
         )
-    with pytest.raises(InvalidDefinitionError, match='batch.maxJobs 0 must be 1..50000'):
+    with pytest.raises(InvalidDefinitionError, match='batch.maxJobs 0 must be 1..5000'):
         validate_definition(batched_definition(max_jobs=0))
     raw = json.loads(provider_settings(batch_fake.base_url)['AIJOB_PROVIDERS'])
     model = raw['providers']['fake']['models']['fake-model']

@@ -30,7 +30,9 @@ CACHE_SCOPES = ('user', 'global')
 MAX_CACHE_TTL_MS = 30 * 24 * 3600 * 1000  # a cached answer older than a month is stale anyway
 BATCH_QUEUE = 'ai-background'  # only jobs that can wait hours go to a provider's batch API
 MAX_BATCH_WAIT_MS = 24 * 3600 * 1000  # a batch that waits longer than its window is pointless
-MAX_BATCH_JOBS = 50_000  # OpenAI's limit of requests per batch
+# OpenAI takes up to 50 000 requests a batch; the batcher looks at 5000 waiting items a step
+# (batches.batcher.FORM_SCAN), so a larger max_jobs would never be reached by count.
+MAX_BATCH_JOBS = 5000
 
 
 @dataclass(frozen=True)

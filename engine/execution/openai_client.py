@@ -272,7 +272,7 @@ def parse_completion(body, model=''):
     judged as the streamed call judges its end: a refusal or a content filter is a
     ContentSafetyError, output that is no JSON object an OutputValidationError, each carrying
     the usage."""
-    usage = _completion_usage(body.get('usage') or {})
+    usage = completion_usage(body.get('usage') or {})
     choices = body.get('choices') or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
     message = choice.get('message') or {}
@@ -291,7 +291,9 @@ def parse_completion(body, model=''):
     return ProviderResult(output=output, usage=usage, model=body.get('model') or model)
 
 
-def _completion_usage(raw):
+def completion_usage(raw):
+    """The Usage of a chat completion's ``usage`` object (a dict): cached prompt tokens from
+    OpenAI's ``prompt_tokens_details`` or DeepSeek's ``prompt_cache_hit_tokens``."""
     details = raw.get('prompt_tokens_details') or {}
     cached = details.get('cached_tokens')
     if cached is None:

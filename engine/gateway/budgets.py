@@ -428,6 +428,21 @@ class Budgets:
         ids = reservation.spend_ids
         self.store.execute(_settle_sql(len(ids), released), params + list(ids))
 
+    def add_spend(self, user_id, job_type, cost):
+        """In the caller's transaction: ``cost`` counted as spent by every budget that applies
+        to a job of ``user_id`` and ``job_type``, with no reservation (a provider batch line
+        the provider billed for a job that was cancelled before it used it). Call it before
+        writing the cost's usage row: a period's spend row made here starts from the usage
+        already recorded."""
+        rows = self.store.execute(LOCK_WITH_SPEND, (user_id, job_type)).fetchall()
+        if not rows:
+            return
+        budgets, now, spend = _with_spend(rows)
+        if len(spend) < len(budgets):
+            spend = self._ensure_spend(budgets, now)
+        ids = [spend[(b.id, period_key(b.period, now))][0] for b in budgets]
+        self.store.execute(_settle_sql(len(ids), False), [to_micros(cost), *ids])
+
     def release(self, reservation):
         """Give a reservation back, in a transaction of its own (the call was not made)."""
         with self._unit():

@@ -5,10 +5,12 @@ module, and the answers are plain dicts so no ``openai`` type travels further ei
 
 import contextlib
 import json
+import logging
 
 import openai
 
 from ...core.errors import AiJobError
+from ...core.logs import log_event
 
 ENDPOINT = '/v1/chat/completions'  # the only endpoint aijob batches
 COMPLETION_WINDOW = '24h'  # the only window OpenAI offers
@@ -36,10 +38,14 @@ class BatchApi:
             api_key=api_key or 'unset', base_url=base_url, timeout=timeout_s, max_retries=0
         )
 
-    def find_file(self, filename):
-        """The id of an uploaded batch input file named ``filename``, or None."""
+    def find_file(self, filename, since=None):
+        """The id of an uploaded batch input file named ``filename``, or None. ``since`` (Unix
+        seconds): the file cannot be older, so the listing (newest first) stops at the first
+        file older than that instead of paging through every file the account ever made."""
         with _translated('list files'):
-            for item in self._client.files.list(purpose='batch', limit=PAGE_SIZE):
+            for item in self._client.files.list(purpose='batch', limit=PAGE_SIZE, order='desc'):
+                if since is not None and (item.created_at or 0) < since:
+                    return None
                 if item.filename == filename:
                     return item.id
         return None
@@ -49,11 +55,14 @@ class BatchApi:
         with _translated('upload %s' % filename):
             return self._client.files.create(file=(filename, jsonl), purpose='batch').id
 
-    def find_batch(self, aijob_batch_id):
-        """The batch created for our batch row ``aijob_batch_id`` (its metadata), or None."""
+    def find_batch(self, aijob_batch_id, since=None):
+        """The batch created for our batch row ``aijob_batch_id`` (its metadata), or None.
+        ``since`` as in ``find_file``: OpenAI lists batches newest first."""
         wanted = str(aijob_batch_id)
         with _translated('list batches'):
             for batch in self._client.batches.list(limit=PAGE_SIZE):
+                if since is not None and (batch.created_at or 0) < since:
+                    return None
                 if (batch.metadata or {}).get(METADATA_KEY) == wanted:
                     return _batch_dict(batch)
         return None
@@ -117,6 +126,9 @@ def _require_id(value):
 
 
 def _parse_jsonl(file_id, data):
+    """The lines that are JSON objects; any other line is skipped (logged by number, never its
+    text), so one malformed line costs its own item (retried as a missing line) and not the
+    file's answered lines."""
     lines = []
     for number, text in enumerate(data.splitlines(), 1):
         if not text.strip():
@@ -126,7 +138,8 @@ def _parse_jsonl(file_id, data):
         except ValueError:
             line = None
         if not isinstance(line, dict):
-            raise BatchApiError('file %s line %d is not a JSON object' % (file_id, number), False)
+            log_event('batch.line_skipped', logging.WARNING, file_id=file_id, line=number)
+            continue
         lines.append(line)
     return lines
 

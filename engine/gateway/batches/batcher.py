@@ -8,6 +8,7 @@ upload first looks for the file ``aijob-<batch row id>.jsonl``, the create for t
 metadata names the row. An item is in one batch row (the form is one transaction that moves
 its items waiting -> batched), so a ``custom_id`` is in one created batch."""
 
+import calendar
 import json
 
 from ...core.history import BATCH_SUBMITTED
@@ -24,9 +25,17 @@ BUILDING, UPLOADED, SUBMITTED, CANCELLING, ENDED = (
     'cancelling',
     'ended',
 )
-FORM_SCAN = 5000  # waiting items looked at per step
+FORM_SCAN = MAX_BATCH_JOBS  # waiting items looked at per step: a group's max_jobs fits in one
 TERMINAL = ('succeeded', 'failed', 'cancelled')
 LINE_URL = '/v1/chat/completions'
+# A row's file and batch are made after the row; the provider's clock may run behind ours by
+# this much at most, so a listed entry older than the row's creation minus this is not ours.
+CLOCK_MARGIN_S = 3600
+
+
+def listed_since(batch):
+    """The Unix time before which no provider file or batch of the row can have been made."""
+    return calendar.timegm(batch.created_at.utctimetuple()) - CLOCK_MARGIN_S
 
 
 def input_filename(batch_id):
@@ -139,20 +148,40 @@ class Batcher:
 
     # ---------------------------------------------------------------- upload and create
     def pending(self):
-        """The batch rows not yet submitted (building or uploaded), oldest first."""
+        """The batch rows not yet submitted (building or uploaded) and not waiting out a failed
+        step's backoff, oldest first."""
         return list(
             AiProviderBatch.select()
             .where(AiProviderBatch.state.in_((BUILDING, UPLOADED)))
+            .where(
+                AiProviderBatch.next_poll_at.is_null()
+                | (AiProviderBatch.next_poll_at <= self.store.now())
+            )
             .order_by(AiProviderBatch.created_at)
         )
 
-    def upload(self, batch):
+    def all_jobs_ended(self, batch):
+        """Has every job of the row ended (cancelled, or finished otherwise)? Then there is
+        nothing to upload or create."""
+        return not (
+            AiProviderBatchItem.select()
+            .join(AiJob, on=(AiJob.id == AiProviderBatchItem.job_id))
+            .where(
+                (AiProviderBatchItem.batch_id == batch.id) & AiJob.lifecycle_status.not_in(TERMINAL)
+            )
+            .exists()
+        )
+
+    def upload(self, batch, leading=None):
         """building -> uploaded: the file of the row's items, unless a kill came after the
-        provider stored it (then it is found by its name)."""
+        provider stored it (then it is found by its name). ``leading()`` is asked right before
+        the upload: a leader that lost its lease during the search leaves it to the next."""
         api = self.apis(batch.provider)
         filename = input_filename(batch.id)
-        file_id = api.find_file(filename)
+        file_id = api.find_file(filename, listed_since(batch))
         if file_id is None:
+            if leading is not None and not leading():
+                return
             batch_items = (
                 AiProviderBatchItem.select()
                 .where(AiProviderBatchItem.batch_id == batch.id)
@@ -166,12 +195,17 @@ class Batcher:
         stored = AiProviderBatch.get_by_id(batch.id)
         batch.state, batch.input_file_id = stored.state, stored.input_file_id
 
-    def create(self, batch):
+    def create(self, batch, leading=None):
         """uploaded -> submitted: the provider's batch, unless a kill came after the provider
         made it (then it is found by its metadata); with a ``batch_submitted`` row in each
-        job's history, in the transaction that stores the provider's id."""
+        job's history, in the transaction that stores the provider's id. ``leading()`` is asked
+        right before the create, as in ``upload``."""
         api = self.apis(batch.provider)
-        created = api.find_batch(batch.id) or api.create(batch.input_file_id, batch.id)
+        created = api.find_batch(batch.id, listed_since(batch))
+        if created is None:
+            if leading is not None and not leading():
+                return
+            created = api.create(batch.input_file_id, batch.id)
         self.store.run_in_transaction(lambda tx: self._submitted(batch, created))
         batch.state = SUBMITTED
         log_event('batch.submitted', batch_id=batch.id, provider_batch_id=created['id'])
@@ -184,6 +218,7 @@ class Batcher:
                 provider_batch_id=created['id'],
                 provider_status=created.get('status') or '',
                 submitted_at=now,
+                poll_count=0,  # failed submit steps may have counted: polls back off anew
                 next_poll_at=self.store.now_plus_ms(self.poll_first_ms),
                 updated_at=now,
             )

@@ -6,10 +6,14 @@ their jobs. A re-run after a kill writes only the items still ``batched``: a lin
 written once. A submitted batch whose every job was cancelled is cancelled at the provider."""
 
 from decimal import Decimal
+from types import SimpleNamespace
+
+from peewee import SQL, fn
 
 from ...core.logs import log_event
 from ...core.models import AiJob, AiProviderBatch, AiProviderBatchItem
-from ...execution.providers import Usage
+from ...execution.openai_client import completion_usage
+from ...execution.usage import record_usage
 from . import items
 from .batcher import CANCELLING, ENDED, SUBMITTED, TERMINAL
 from .items import ANSWERED, BATCHED, CANCELLED, EXPIRED, FAILED
@@ -17,6 +21,7 @@ from .items import ANSWERED, BATCHED, CANCELLED, EXPIRED, FAILED
 OVER = ('completed', 'expired', 'cancelled', 'failed')  # the provider is done with the batch
 # A line the provider never ran: the call goes online.
 NOT_RUN = ('batch_expired', 'batch_cancelled')
+CANCELLED_CODE = 'CANCELLED'  # the usage row of a billed line whose job was cancelled
 MAX_CODE = 64  # ai_provider_batch_item.error_code
 
 
@@ -30,19 +35,30 @@ def line_outcome(line, provider_status):
     response = line.get('response')
     if isinstance(response, dict) and response.get('status_code') is not None:
         status, body = response['status_code'], response.get('body') or {}
+        if not isinstance(body, dict):  # not the documented line: retried like a missing one
+            return FAILED, {'error': {'code': 'malformed_line'}}, 'malformed_line'
         if status == 200:
             return ANSWERED, body, None
         code = ((body.get('error') or {}).get('code')) or 'http_%s' % status
         return FAILED, {'status_code': status, 'body': body}, str(code)[:MAX_CODE]
-    error = line.get('error') or {}
+    error = line.get('error')
+    error = error if isinstance(error, dict) else {}
     code = str(error.get('code') or 'line_error')[:MAX_CODE]
     if code in NOT_RUN:
         return EXPIRED, None, None
     return FAILED, {'error': error}, code
 
 
+def _batch_usage(body):
+    """The Usage of an answered line, priced as a batch call: the online path's reading."""
+    raw = (body or {}).get('usage')
+    usage = completion_usage(raw if isinstance(raw, dict) else {})
+    usage.batch = True
+    return usage
+
+
 class Poller:
-    def __init__(self, store, outbox, apis, pricing, poll_first_ms, poll_max_ms, chunk):
+    def __init__(self, store, outbox, apis, pricing, poll_first_ms, poll_max_ms, chunk, budgets):
         self.store = store
         self.outbox = outbox
         self.apis = apis  # apis(provider name) -> its BatchApi
@@ -50,6 +66,7 @@ class Poller:
         self.poll_first_ms = poll_first_ms
         self.poll_max_ms = poll_max_ms
         self.chunk = chunk
+        self.budgets = budgets  # the ledger of engine/gateway/budgets.py, or None
 
     def due(self):
         """The open batches whose next poll has come."""
@@ -66,13 +83,7 @@ class Poller:
         if info['status'] in OVER:
             self.results(batch, info)
             return
-        wait_ms = min(self.poll_max_ms, self.poll_first_ms * 2 ** min(batch.poll_count + 1, 30))
-        AiProviderBatch.update(
-            provider_status=info['status'],
-            poll_count=AiProviderBatch.poll_count + 1,
-            next_poll_at=self.store.now_plus_ms(wait_ms),
-            updated_at=self.store.now(),
-        ).where(AiProviderBatch.id == batch.id).execute()
+        self.later(batch, provider_status=info['status'])
 
     def results(self, batch, info):
         """Every line's outcome into its item, ``chunk`` items per transaction, then the row
@@ -97,7 +108,14 @@ class Poller:
         the wake-up of their jobs; an item whose job has ended is cancelled (its line ignored)."""
         while True:
             pending = list(
-                AiProviderBatchItem.select(AiProviderBatchItem, AiJob.lifecycle_status)
+                AiProviderBatchItem.select(
+                    AiProviderBatchItem,
+                    AiJob.lifecycle_status,
+                    AiJob.user_id,
+                    AiJob.job_type,
+                    AiJob.attempt_no.alias('job_attempt_no'),
+                    AiJob.credential_mode,
+                )
                 .join(AiJob, on=(AiJob.id == AiProviderBatchItem.job_id))
                 .where(
                     (AiProviderBatchItem.batch_id == batch.id)
@@ -110,19 +128,45 @@ class Poller:
             if not pending:
                 return
             self.store.run_in_transaction(
-                lambda tx, p=pending: self._write_chunk(tx, p, outcome_of)
+                lambda tx, p=pending: self._write_chunk(tx, batch, p, outcome_of)
             )
 
-    def _write_chunk(self, tx, pending, outcome_of):
+    def _write_chunk(self, tx, batch, pending, outcome_of):
         woken = []
         for item in pending:
-            if item.lifecycle_status in TERMINAL:
-                items.set_outcome(self.store, item.id, CANCELLED)
-                continue
             state, response, error_code = outcome_of(item)
+            if item.lifecycle_status in TERMINAL:
+                self._ignore(batch, item, state, response)
+                continue
             if items.set_outcome(self.store, item.id, state, response, error_code):
                 woken.append(item.job_id)
         items.wake(self.store, self.outbox, tx, woken)
+
+    def _ignore(self, batch, item, state, response):
+        """The line of a job that has ended (cancelled) is not used; an answered one was billed
+        all the same, so it keeps its response (the batch row's cost counts it), its cost at
+        the batch price is spent against the job's budgets, and a usage row (CANCELLED, the
+        batch id) records it."""
+        if state != ANSWERED:
+            items.set_outcome(self.store, item.id, CANCELLED)
+            return
+        if not items.set_outcome(self.store, item.id, CANCELLED, response):
+            return  # written already by an earlier run
+        usage = _batch_usage(response)
+        usage.batch_id = batch.id
+        cost = self.pricing.cost(batch.provider, batch.model, usage)
+        if self.budgets is not None:
+            self.budgets.add_spend(item.user_id, item.job_type, cost)
+        job = SimpleNamespace(
+            id=item.job_id,
+            user_id=item.user_id,
+            job_type=item.job_type,
+            attempt_no=item.job_attempt_no,
+            credential_mode=item.credential_mode,
+        )
+        record_usage(
+            job, item.attempt_no, batch.provider, batch.model, usage, cost, 0, CANCELLED_CODE
+        )
 
     def end(self, batch):
         """The row ended: lines answered, the others, and the cost of the answered lines at the
@@ -151,41 +195,45 @@ class Poller:
             log_event('batch.ended', batch_id=batch.id, answered=len(answered), cost=str(cost))
 
     def _cost(self, batch, body):
-        raw = (body or {}).get('usage') or {}
-        cached = (raw.get('prompt_tokens_details') or {}).get('cached_tokens') or 0
-        usage = Usage(
-            raw.get('prompt_tokens') or 0,
-            raw.get('completion_tokens') or 0,
-            cached_prompt_tokens=cached,
-            batch=True,
-        )
-        return self.pricing.cost(batch.provider, batch.model, usage)
+        return self.pricing.cost(batch.provider, batch.model, _batch_usage(body))
 
     # ---------------------------------------------------------------- cancel
-    def cancel_abandoned(self):
-        """Cancel at the provider each submitted batch whose every job was cancelled; returns
-        how many were."""
-        cancelled = 0
-        for batch in AiProviderBatch.select().where(AiProviderBatch.state == SUBMITTED):
-            alive = (
-                AiProviderBatchItem.select()
-                .join(AiJob, on=(AiJob.id == AiProviderBatchItem.job_id))
-                .where(
-                    (AiProviderBatchItem.batch_id == batch.id)
-                    & (AiJob.lifecycle_status != 'cancelled')
-                )
-                .exists()
-            )
-            if alive:
-                continue
-            self.apis(batch.provider).cancel(batch.provider_batch_id)
-            now = self.store.now()
-            AiProviderBatch.update(state=CANCELLING, next_poll_at=now, updated_at=now).where(
-                (AiProviderBatch.id == batch.id) & (AiProviderBatch.state == SUBMITTED)
-            ).execute()
-            log_event('batch.cancelled', batch_id=batch.id)
-            cancelled += 1
-        return cancelled
+    def abandoned(self):
+        """The submitted batches none of whose jobs still wants its line (every one was
+        cancelled), in one query."""
+        item = AiProviderBatchItem.alias('i')
+        job = AiJob.alias('j')
+        alive = (
+            item.select(SQL('1'))
+            .join(job, on=(job.id == item.job_id))
+            .where((item.batch_id == AiProviderBatch.id) & (job.lifecycle_status != 'cancelled'))
+        )
+        return list(
+            AiProviderBatch.select()
+            .where((AiProviderBatch.state == SUBMITTED) & ~fn.EXISTS(alive))
+            .order_by(AiProviderBatch.created_at)
+        )
+
+    def cancel(self, batch):
+        """Cancel a batch of ``abandoned()`` at the provider; its results are read as usual."""
+        self.apis(batch.provider).cancel(batch.provider_batch_id)
+        now = self.store.now()
+        AiProviderBatch.update(state=CANCELLING, next_poll_at=now, updated_at=now).where(
+            (AiProviderBatch.id == batch.id) & (AiProviderBatch.state == SUBMITTED)
+        ).execute()
+        log_event('batch.cancelled', batch_id=batch.id)
+
+    def later(self, batch, **fields):
+        """The batch's next turn waits the backoff (a few seconds, doubling to minutes): the
+        provider is still at work, or a step failed and may succeed later (then the batch
+        neither spins nor holds up the others). ``fields``: more columns to set."""
+        wait_ms = min(self.poll_max_ms, self.poll_first_ms * 2 ** min(batch.poll_count + 1, 30))
+        AiProviderBatch.update(
+            **fields,
+            poll_count=AiProviderBatch.poll_count + 1,
+            next_poll_at=self.store.now_plus_ms(wait_ms),
+            updated_at=self.store.now(),
+        ).where(AiProviderBatch.id == batch.id).execute()
 
     def abandon(self, batch):
         """The provider refused a step for good: every job of the batch goes online (its items

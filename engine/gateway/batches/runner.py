@@ -19,7 +19,7 @@ __all__ = ('BatchRunner', 'install_batches')
 
 
 class BatchRunner:
-    def __init__(self, store, outbox, table, pricing, config, api_factory=BatchApi):
+    def __init__(self, store, outbox, table, pricing, config, budgets=None, api_factory=BatchApi):
         self.store = store
         self.outbox = outbox
         self.table = table
@@ -34,6 +34,7 @@ class BatchRunner:
             config.batch_poll_first_ms,
             config.batch_poll_max_ms,
             config.batch_result_chunk,
+            budgets,
         )
 
     def api(self, provider):
@@ -47,30 +48,50 @@ class BatchRunner:
         return api
 
     def step(self, leading=None):
-        """One turn of every stage; a batch whose provider call failed is tried again at the
-        next turn (retryable) or sent online (refused for good). ``leading()``: does this
-        process still hold the housekeeping lease? Asked before each batch's provider calls, so
-        a step that outlives its lease stops instead of racing the next leader."""
+        """One turn of every stage, each batch on its own: a batch whose step failed is tried
+        again after a backoff (a retryable provider error, or anything unexpected) or sent
+        online (refused for good, or its provider is no longer configured), and the other
+        batches go on. ``leading()``: does this process still hold the housekeeping lease?
+        Asked before each batch's provider calls, and again right before an upload or a
+        create, so a step that outlives its lease stops instead of racing the next leader."""
         leading = leading or (lambda: True)
         self.batcher.form()
         for batch in self.batcher.pending():
             if not leading():
                 return
-            self._guarded('submit', batch, lambda b=batch: self._submit(b))
-        self._guarded('cancel', None, self.poller.cancel_abandoned)
+            self._guarded('submit', batch, lambda b=batch: self._submit(b, leading))
+        for batch in self.poller.abandoned():
+            if not leading():
+                return
+            self._guarded('cancel', batch, lambda b=batch: self.poller.cancel(b))
         for batch in self.poller.due():
             if not leading():
                 return
             self._guarded('poll', batch, lambda b=batch: self.poller.poll(b))
         self.store.run_in_transaction(lambda tx: items.wake(self.store, self.outbox, tx))
 
-    def _submit(self, batch):
+    def _submit(self, batch, leading):
+        if self.batcher.all_jobs_ended(batch):  # nothing left to ask the provider for
+            log_event('batch.dropped', batch_id=batch.id)
+            self.poller.abandon(batch)
+            return
         if batch.state == BUILDING:
-            self.batcher.upload(batch)
+            self.batcher.upload(batch, leading)
         if batch.state == UPLOADED:
-            self.batcher.create(batch)
+            self.batcher.create(batch, leading)
 
     def _guarded(self, step, batch, work):
+        """``work()`` for one batch; whatever it raises stays with that batch."""
+        if batch.provider not in self.table.providers:
+            log_event(
+                'batch.abandoned',
+                logging.WARNING,
+                batch_id=batch.id,
+                step=step,
+                reason='provider not configured',
+            )
+            self.poller.abandon(batch)
+            return
         try:
             work()
         except BatchApiError as exc:
@@ -78,13 +99,26 @@ class BatchRunner:
                 'batch.step_failed',
                 logging.WARNING,
                 step=step,
-                batch_id=getattr(batch, 'id', None),
+                batch_id=batch.id,
                 error=str(exc)[:300],
                 retryable=exc.retryable,
             )
-            if not exc.retryable and batch is not None:
+            if exc.retryable:
+                self.poller.later(batch)
+            else:
                 log_event('batch.abandoned', batch_id=batch.id, step=step)
                 self.poller.abandon(batch)
+        except Exception as exc:  # a bug or a malformed answer: this batch waits, the rest go on
+            # The class only: a message may quote a line of the batch (job input or output).
+            log_event(
+                'batch.step_failed',
+                logging.ERROR,
+                step=step,
+                batch_id=batch.id,
+                error=exc.__class__.__name__,
+                retryable=True,
+            )
+            self.poller.later(batch)
 
 
 def opted_in(registry, table):
@@ -94,11 +128,12 @@ def opted_in(registry, table):
     return any(m.batch is not None for p in table.providers.values() for m in p.models.values())
 
 
-def install_batches(ai, config, store, outbox, registry):
+def install_batches(ai, config, store, outbox, registry, budgets=None):
     """Append the BatchGuard to ``ai.guards`` and return the BatchRunner, when the gateway is
-    routed (AIJOB_PROVIDERS or the shorthand) and something opts in; else None."""
+    routed (AIJOB_PROVIDERS or the shorthand) and something opts in; else None. ``budgets``:
+    the ledger a billed line of a cancelled job is spent against."""
     table = getattr(ai.gateway, 'table', None)
     if table is None or not opted_in(registry, table):
         return None
     ai.guards.append(BatchGuard(store, table))
-    return BatchRunner(store, outbox, table, ai.pricing, config)
+    return BatchRunner(store, outbox, table, ai.pricing, config, budgets)
