@@ -362,6 +362,19 @@ def estimate_tokens(messages):
     return sum(len(message['content']) for message in messages) // CHARS_PER_TOKEN
 
 
+def estimate_prompt_tokens(provider, request):
+    """The prompt tokens of ``request`` as ``provider`` would render it (what rate limits and
+    budgets reserve); 0 for a provider without templates, or a prompt that cannot render (the
+    call itself then reports it)."""
+    prompts = getattr(provider, 'prompts', None)
+    if prompts is None:
+        return 0
+    try:
+        return estimate_tokens(prompts.render(request))
+    except Exception:  # noqa: BLE001 - reported by the call, not by its estimate
+        return 0
+
+
 def _with_usage(failure, usage):
     failure.usage = usage
     return failure

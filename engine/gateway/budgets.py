@@ -33,7 +33,7 @@ from decimal import ROUND_UP, Decimal
 from ..core.errors import BudgetExceededError, BudgetExceededFailure, JobDeferred, JobFailure
 from ..core.models import AiBudget, AiBudgetSpend, new_id
 from ..core.sql import placeholders, statement
-from ..execution.openai_client import estimate_tokens
+from ..execution.openai_client import estimate_prompt_tokens
 from ..execution.providers import CallGuard, Usage
 from .batches.items import OPEN_STATES as OPEN_ITEM_STATES
 from .batches.items import PARKED
@@ -559,7 +559,7 @@ class BudgetGuard(CallGuard):
     def max_cost_micros(self, call):
         """The most the call can cost: its prompt tokens (estimated) at the prompt price plus
         its max_tokens at the completion price."""
-        prompt_tokens = call.prompt_tokens or self._estimated_prompt_tokens(call)
+        prompt_tokens = call.prompt_tokens or estimate_prompt_tokens(call.provider, call.request)
         completion_tokens = call.max_tokens or self.max_tokens
         price = call.price
         if price is None:
@@ -567,17 +567,6 @@ class BudgetGuard(CallGuard):
             return to_micros(self.pricing.cost(call.provider_key, call.model, usage))
         total = price.prompt * prompt_tokens + price.completion * completion_tokens
         return to_micros(Decimal(total) / price.per)
-
-    @staticmethod
-    def _estimated_prompt_tokens(call):
-        """The rendered messages' estimate, as the OpenAI-compatible provider makes it."""
-        prompts = getattr(call.provider, 'prompts', None)
-        if prompts is None:
-            return 0
-        try:
-            return estimate_tokens(prompts.render(call.request))
-        except Exception:  # no template: the provider fails before calling anyone
-            return 0
 
     def _refusal(self, exceeded):
         first = exceeded.budgets[0]

@@ -27,7 +27,7 @@ from ..core import history
 from ..core.errors import ConfigError
 from ..core.history import NewEvent, insert_events
 from ..core.logs import log_event
-from ..execution.openai_client import OpenAICompatibleProvider, estimate_tokens
+from ..execution.openai_client import OpenAICompatibleProvider, estimate_prompt_tokens
 from ..execution.providers import AiGateway, CallGuard, Credential, ProviderCall
 from .providers_config import SHORTHAND_PROVIDER, Entry
 
@@ -241,7 +241,7 @@ class RoutedGateway(AiGateway):
             model=entry.model,
             call_no=request.attempt,
             max_tokens=spec.max_tokens,
-            prompt_tokens=_estimate(provider, request),
+            prompt_tokens=estimate_prompt_tokens(provider, request),
             price=self.pricing.price(entry.provider, entry.model),
             limits=spec.limits,
             has_next_entry=state.has_next(index),
@@ -272,14 +272,6 @@ class RoutedGateway(AiGateway):
     def cooldown_state(self):
         """{'provider/model': seconds of cooldown left} of every configured entry."""
         return self.cooldowns.remaining(entry.key for entry in self.table.entries())
-
-
-def _estimate(provider, request):
-    """The prompt tokens of the rendered request (what rate limits and budgets reserve)."""
-    try:
-        return estimate_tokens(provider.prompts.render(request))
-    except Exception:  # noqa: BLE001 - the call itself reports a prompt that cannot render
-        return 0
 
 
 def _fallback_event(call, source, target, code):
