@@ -404,20 +404,36 @@ def test_a_batch_policy_on_a_provider_without_a_batch_api_runs_online(make_batch
         assert {row.batch_id for row in usage_rows(job_ids)} == {None}
 
 
+def one_job_a_batch(make_batch_rt, batch_fake):
+    """A runtime whose batches take one job and are polled at once, the fake in manual mode,
+    and an engine to run the job by hand."""
+    rt = make_batch_rt(batched_definition(max_jobs=1), AIJOB_BATCH_POLL_FIRST_MS='1')
+    batch_fake.mode = 'manual'
+    return rt, ExecutionEngine(rt, 'test-worker')
+
+
+def park_one_submitted(rt, engine):
+    """One job parked and its batch submitted: (job id, the batch row)."""
+    [job_id] = create_batched(rt, 1)
+    assert engine.execute(job_id) == 'deferred'
+    rt.batches.step()
+    batch = AiProviderBatch.get()
+    assert batch.state == 'submitted'
+    return job_id, batch
+
+
+def wake_now(rt, job_id):
+    """The job's wake time passes (as when its deferral's own wake-up comes)."""
+    AiJob.update(lock_until=rt.store.now_plus_ms(-1000)).where(AiJob.id == job_id).execute()
+
+
 def test_a_job_woken_before_its_line_parks_again_and_its_line_still_wakes_it(
     make_batch_rt, batch_fake
 ):
-    rt = make_batch_rt(batched_definition(max_jobs=1), AIJOB_BATCH_POLL_FIRST_MS='1')
-    engine = ExecutionEngine(rt, 'test-worker')
-    batch_fake.mode = 'manual'
+    rt, engine = one_job_a_batch(make_batch_rt, batch_fake)
     with rt.store.connection():
-        [job_id] = create_batched(rt, 1)
-        assert engine.execute(job_id) == 'deferred'
-        rt.batches.step()
-        batch = AiProviderBatch.get()
-        assert batch.state == 'submitted'
-
-        AiJob.update(lock_until=rt.store.now_plus_ms(-1000)).where(AiJob.id == job_id).execute()
+        job_id, batch = park_one_submitted(rt, engine)
+        wake_now(rt, job_id)
         assert engine.execute(job_id) == 'deferred'  # woken too early: parked again
         item = AiProviderBatchItem.get(AiProviderBatchItem.job_id == job_id)
         assert (item.state, item.parked_attempt) == ('batched', 2)
@@ -455,18 +471,13 @@ def test_a_batch_that_failed_at_the_provider_sends_its_jobs_online(make_batch_rt
 def test_a_job_parked_longer_than_its_deferral_goes_online_and_its_late_line_is_ignored(
     make_batch_rt, batch_fake
 ):
-    rt = make_batch_rt(batched_definition(max_jobs=1), AIJOB_BATCH_POLL_FIRST_MS='1')
-    engine = ExecutionEngine(rt, 'test-worker')
-    batch_fake.mode = 'manual'
+    rt, engine = one_job_a_batch(make_batch_rt, batch_fake)
     with rt.store.connection():
-        [job_id] = create_batched(rt, 1)
-        assert engine.execute(job_id) == 'deferred'
-        rt.batches.step()
-        batch = AiProviderBatch.get()
+        job_id, batch = park_one_submitted(rt, engine)
         # 26 h later the provider still has not ended the batch: the park's own wake-up comes
         long_ago = rt.store.clock() - datetime.timedelta(hours=26)
         AiProviderBatchItem.update(created_at=long_ago).execute()
-        AiJob.update(lock_until=rt.store.now_plus_ms(-1000)).where(AiJob.id == job_id).execute()
+        wake_now(rt, job_id)
 
         assert engine.execute(job_id) == 'succeeded'  # online
         assert len(batch_fake.requests) == 1
