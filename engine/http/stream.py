@@ -217,12 +217,13 @@ class JobStream:
         goes last. The text of a call is in its channel before the call's outcome commits, so
         the text read after a terminal status is the whole of it. New text that starts an
         attempt reads the history first, so that ``started`` or ``retry_scheduled`` precede it
-        (the feed usually hears of text before the watch of the row)."""
-        pieces = []
-        if text_feed.HISTORY not in due:
-            pieces = self._text_pieces()
-            if all(attempt == self.attempt for _, _, attempt, _ in pieces):
-                return self._messages(pieces), WAIT
+        (the feed usually hears of text before the watch of the row). So the text is taken
+        before the history is read, and text that comes while it is read waits for the next
+        round (the feed has woken the stream for it): the rows read after a piece of text
+        include every row committed before that text was written."""
+        pieces = self._text_pieces()
+        if text_feed.HISTORY not in due and all(p[2] == self.attempt for p in pieces):
+            return self._messages(pieces), WAIT
         with self.store.connection():
             job, refs = find_for_status(self.waiter.job_id)
             if job is None:
@@ -238,7 +239,7 @@ class JobStream:
         if terminal:
             chunks.append(message('status', job_status(job, refs), self.position().event_id()))
             return chunks, DONE
-        return chunks + self._messages(pieces + self._text_pieces()), WAIT
+        return chunks + self._messages(pieces), WAIT
 
     def _text_pieces(self):
         return self.text.events() if self.text is not None else []
