@@ -112,6 +112,15 @@ def test_200_jobs_go_in_4_batches_at_half_price_each_projected_once(make_batch_r
         )
 
 
+def running_in_a_submitted_batch(rt, count):
+    """``count`` jobs created and the background started: (their ids, the batch the provider has
+    them in)."""
+    job_ids = create_batched(rt, count)
+    rt.start_background()
+    wait_until(lambda: AiProviderBatch.select().where(AiProviderBatch.job_count == count).first())
+    return job_ids, submitted_batch()
+
+
 def submitted_batch(timeout=30.0):
     """The first batch row once the provider has it."""
     return wait_until(
@@ -144,10 +153,7 @@ def test_an_expired_batch_sends_its_unanswered_jobs_online(make_batch_rt, batch_
     batch_fake.mode = 'manual'
     rt = make_batch_rt()
     with rt.store.connection():
-        job_ids = create_batched(rt, 3)
-        rt.start_background()
-        wait_until(lambda: AiProviderBatch.select().where(AiProviderBatch.job_count == 3).first())
-        batch = submitted_batch()
+        job_ids, batch = running_in_a_submitted_batch(rt, 3)
         batch_fake.expire(batch.provider_batch_id, complete_first=1)
         jobs = all_terminal(job_ids)
 
@@ -171,10 +177,7 @@ def test_a_job_cancelled_in_a_batch_ends_at_once_and_its_line_is_ignored(make_ba
     batch_fake.mode = 'manual'
     rt = make_batch_rt()
     with rt.store.connection():
-        kept, cancelled = create_batched(rt, 2)
-        rt.start_background()
-        wait_until(lambda: AiProviderBatch.select().where(AiProviderBatch.job_count == 2).first())
-        batch = submitted_batch()
+        (kept, cancelled), batch = running_in_a_submitted_batch(rt, 2)
         api = Harness(rt)  # user-a's jobs: the status names the batch while the job waits in it
         status = api.a.get('/api/ai/jobs/%s' % kept).json
         assert (status['lifecycleStatus'], status['batchId']) == ('running', batch.id)
@@ -209,10 +212,7 @@ def test_a_batch_whose_jobs_were_all_cancelled_is_cancelled_at_the_provider(
     batch_fake.mode = 'manual'
     rt = make_batch_rt()
     with rt.store.connection():
-        job_ids = create_batched(rt, 2)
-        rt.start_background()
-        wait_until(lambda: AiProviderBatch.select().where(AiProviderBatch.job_count == 2).first())
-        batch = submitted_batch()
+        job_ids, batch = running_in_a_submitted_batch(rt, 2)
         for job_id in job_ids:
             assert rt.service.cancel_job(job_id).lifecycle_status == 'cancelled'
 
@@ -237,10 +237,7 @@ def test_a_parked_job_keeps_its_budget_reservation_and_spends_the_batch_price(
     rt = make_batch_rt()
     with rt.store.connection():
         rt.budgets.put('global', '', 'total', Decimal('1000'), 'fail')
-        job_ids = create_batched(rt, 3)
-        rt.start_background()
-        wait_until(lambda: AiProviderBatch.select().where(AiProviderBatch.job_count == 3).first())
-        batch = submitted_batch()
+        job_ids, batch = running_in_a_submitted_batch(rt, 3)
 
         reserved = list(AiBudgetReservation.select())
         assert sorted(r.job_id for r in reserved) == sorted(job_ids)  # one per parked call
@@ -453,10 +450,7 @@ def test_a_batch_that_failed_at_the_provider_sends_its_jobs_online(make_batch_rt
     batch_fake.mode = 'manual'
     rt = make_batch_rt()
     with rt.store.connection():
-        job_ids = create_batched(rt, 2)
-        rt.start_background()
-        wait_until(lambda: AiProviderBatch.select().where(AiProviderBatch.job_count == 2).first())
-        batch = submitted_batch()
+        job_ids, batch = running_in_a_submitted_batch(rt, 2)
         batch_fake.set_status(batch.provider_batch_id, 'failed')
         jobs = all_terminal(job_ids)
 
