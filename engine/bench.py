@@ -79,6 +79,7 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False)
     try:
         commits_before = runtime.store.commit_count()
         statements_before = runtime.store.statement_count()
+        round_trips_before = runtime.store.round_trip_count()
         cpu_before = time.process_time()
         db_cpu.start()
         ids = _create(runtime, jobs, rate, sleep_ms, job_type)
@@ -91,6 +92,7 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False)
             'commits': runtime.store.commit_count() - commits_before,
             # the polls for the end are the bench's own, not the engine's
             'statements': runtime.store.statement_count() - statements_before - polls,
+            'round_trips': runtime.store.round_trip_count() - round_trips_before - polls,
             'cpu_ms': (time.process_time() - cpu_before) * 1000.0 - poll_cpu_ms,
         }
     finally:
@@ -102,6 +104,8 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False)
         figures['worker_cpu_ms_per_job'] = round(worker_counts['cpu_ms'] / len(ids), 3)
         figures['bench_statements_per_job'] = round(own['statements'] / len(ids), 2)
         figures['worker_statements_per_job'] = round(worker_counts['statements'] / len(ids), 2)
+        figures['bench_round_trips_per_job'] = round(own['round_trips'] / len(ids), 2)
+        figures['worker_round_trips_per_job'] = round(worker_counts['round_trips'] / len(ids), 2)
     creates = runtime.service.creates
     if creates.groups:  # how many creates shared a commit, on average
         figures['creates_per_commit'] = round(creates.works / creates.groups, 2)
@@ -112,7 +116,8 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False)
     print(
         'e2e_jobs_per_s=%(e2e_jobs_per_s).1f create_to_running_p50_ms=%(p50).2f '
         'create_to_running_p99_ms=%(p99).2f commits_per_job=%(commits_per_job).2f '
-        'statements_per_job=%(statements_per_job).2f cpu_ms_per_job=%(cpu_ms_per_job).2f '
+        'statements_per_job=%(statements_per_job).2f round_trips_per_job=%(round_trips_per_job).2f '
+        'cpu_ms_per_job=%(cpu_ms_per_job).2f '
         'succeeded=%(succeeded)d/%(jobs)d' % figures
     )
     runtime.close()
@@ -199,6 +204,7 @@ def _figures(runtime, ids, totals, rate, sleep_ms):
         'p99': waits[min(len(waits) - 1, int(len(waits) * 0.99))],
         'commits_per_job': totals['commits'] / len(ids),
         'statements_per_job': totals['statements'] / len(ids),
+        'round_trips_per_job': totals['round_trips'] / len(ids),
         'cpu_ms_per_job': totals['cpu_ms'] / len(ids),
         'succeeded': sum(r.lifecycle_status == 'succeeded' for r in rows),
     }
@@ -261,7 +267,7 @@ def _start_worker(runtime):
     return _InProcessWorker(runtime)
 
 
-_NOTHING = {'commits': 0, 'statements': 0, 'cpu_ms': 0.0}
+_NOTHING = {'commits': 0, 'statements': 0, 'round_trips': 0, 'cpu_ms': 0.0}
 
 
 class _InProcessWorker:
@@ -333,6 +339,7 @@ class _WorkerProcess:
                 self.stopped = {
                     'commits': record.get('commits', 0),
                     'statements': record['statements'],
+                    'round_trips': record.get('round_trips', record['statements']),
                     'cpu_ms': max(0.0, float(record['cpu_ms']) - self.startup_cpu_ms),
                 }
                 os.unlink(self.log.name)

@@ -20,6 +20,7 @@ LAST_LINE = re.compile(
     r'^e2e_jobs_per_s=(?P<e2e_jobs_per_s>\S+) '
     r'create_to_running_p50_ms=(?P<p50>\S+) create_to_running_p99_ms=(?P<p99>\S+) '
     r'commits_per_job=(?P<commits_per_job>\S+) statements_per_job=(?P<statements_per_job>\S+) '
+    r'round_trips_per_job=(?P<round_trips_per_job>\S+) '
     r'cpu_ms_per_job=(?P<cpu_ms_per_job>\S+) succeeded=(?P<succeeded>\d+)/(?P<jobs>\d+)$'
 )
 JOBS = 20
@@ -65,8 +66,10 @@ def assert_figures(figures):
         assert float(figures[name]) > 0, (name, figures[name])
     for name in ('p50', 'p99'):
         assert float(figures[name]) >= 0, (name, figures[name])
-    # a job takes at least a BEGIN, a COMMIT and a write: more statements than commits
+    # a job takes at least a BEGIN, a COMMIT and a write: more statements than commits; some
+    # go together in one round trip, never more than one round trip per statement
     assert float(figures['statements_per_job']) > float(figures['commits_per_job'])
+    assert 0 < float(figures['round_trips_per_job']) <= float(figures['statements_per_job'])
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ both. The daily count is kept with its day and starts again at 1 on a create of 
 import datetime
 
 from .errors import QuotaExceededError, TooManyJobsError
-from .sql import ROWS_PER_INSERT, Statement, placeholders, statement
+from .models import database
+from .sql import ROWS_PER_INSERT, Statement, dialect_of, placeholders, statement, write_row
 
 _INSERT = (
     'INSERT INTO ai_user_admission (user_id, active, day, created_on_day, last_job_id) '
@@ -60,26 +61,47 @@ def _release(count):
     )
 
 
+class NotAdmitted(Exception):
+    """A create's count would pass a limit (which one is read afterwards, on its own)."""
+
+
 def count_create(store, user_id, job_id, max_active=0, daily_quota=0):
-    """In the create's transaction, before its job is written: count job ``job_id`` for
-    ``user_id`` unless that would pass a limit (0: none). Returns whether it was counted."""
-    limits = (max_active, max_active, daily_quota, daily_quota)
+    """In the create's transaction: count job ``job_id`` for ``user_id`` unless that would pass
+    a limit (0: none), in which case NotAdmitted is raised. The count goes out with the
+    transaction's other writes (sql.write_row): at once, or at the end of the enclosing
+    ``rows_together()`` block, which is then where NotAdmitted comes from."""
+    params = (user_id, job_id, max_active, max_active, daily_quota, daily_quota)
+
+    def counted(cursor):
+        row = cursor.fetchone()
+        if row is None or row[0] != job_id:
+            raise NotAdmitted(user_id)
+
     if store.insert_returns():
-        row = store.execute(ADMIT_RETURNING, (user_id, job_id) + limits).fetchone()
+        planned = [(ADMIT_RETURNING, params, counted)]
     else:
-        store.execute(ADMIT, (user_id, job_id) + limits)
-        row = store.execute(LAST_ADMITTED, (user_id,)).fetchone()
-    return row is not None and row[0] == job_id
+        planned = [(ADMIT, params, None), (LAST_ADMITTED, (user_id,), counted)]
+    # Each create's count is a statement of its own (a refusal must not change the others).
+    write_row(('admit', job_id), None, lambda rows: planned)
 
 
 def release(store, job_ids):
     """In the transaction that made jobs ``job_ids`` terminal (each was queued or running):
     take them off their users' ``active``."""
+    for made, params, _ in plan_release(job_ids):
+        store.execute(made, params)
+
+
+def plan_release(job_ids):
+    """``release`` as statements planned for sql.send."""
     job_ids = list(job_ids)
+    planned = []
     for start in range(0, len(job_ids), ROWS_PER_INSERT):
         chunk = job_ids[start : start + ROWS_PER_INSERT]
         # MySQL names the ids once (a join), SQLite twice (a correlated subquery).
-        store.execute(_release(len(chunk)), chunk if store.dialect == 'mysql' else chunk * 2)
+        twice = dialect_of(database.obj) == 'sqlite'
+        planned.append((_release(len(chunk)), chunk * 2 if twice else chunk, None))
+    return planned
 
 
 class Admission:
@@ -108,8 +130,11 @@ class Admission:
     def admit(self, user_id, job_id):
         """In the create's transaction: count the job, or raise the limit it would pass."""
         limits = (self.max_active_per_user, self.daily_quota)
-        if count_create(self.store, user_id, job_id, *limits):
+        try:
+            count_create(self.store, user_id, job_id, *limits)
             return
+        except NotAdmitted:
+            pass
         active, created_today = self.store.execute(COUNTS, (user_id,)).fetchone()
         self.check(int(active), int(created_today))
         raise TooManyJobsError('user %s was refused at the edge of a limit' % user_id)

@@ -7,6 +7,7 @@ once to say why: an edge contracts §1.3 forbids raises ``IllegalTransitionError
 stale fence raises ``JobLockConflictError``.
 """
 
+import functools
 import logging
 from dataclasses import dataclass
 from enum import Enum
@@ -24,7 +25,7 @@ from .history import NewEvent, insert_events
 from .logs import log_event
 from .models import AiJob, AiJobEvent, AiJobSnapshot
 from .outbox import OutboxRepository
-from .sql import Statement, insert_row, job_from_row, placeholders, statement, write_row
+from .sql import Statement, insert_row, job_from_row, placeholders, send, statement, write_row
 
 
 class Status(str, Enum):
@@ -306,15 +307,19 @@ class AiJobLifecycleRepository:
         return self.get(job_id)
 
     def lock_job_with_snapshot(self, job_id, instance_id, lock_ttl_ms=None):
-        """The engine's ``lock_job``: the CAS UPDATE, then one read of what running the job
-        needs (RUN_COLUMNS) with its snapshot content (None if it has none)."""
+        """The engine's ``lock_job``: the CAS UPDATE and, in the same round trip, one read of
+        what running the job needs (RUN_COLUMNS) with its snapshot content (None if it has
+        none)."""
         ttl = self.store.ms_param(lock_ttl_ms or self.lock_ttl_ms)
 
         def write(tx):
-            cursor = self.store.execute(self._lock_statement, (instance_id, ttl, job_id))
-            if cursor.rowcount != 1:
+            params = (instance_id, ttl, job_id)
+            changed, rows = _update_and_read(
+                self._lock_statement, params, SELECT_JOB_AND_SNAPSHOT, (job_id,)
+            )
+            if changed != 1:
                 raise self._refusal(job_id, RUNNING)
-            row = self.store.execute(SELECT_JOB_AND_SNAPSHOT, (job_id,)).fetchone()
+            row = rows[0]
             job = job_from_row(RUN_COLUMNS, row[:-1])
             insert_events(self.store, [lock_event(job, instance_id)])
             return job, AiJobSnapshot.content.python_value(row[-1])
@@ -378,16 +383,15 @@ class AiJobLifecycleRepository:
         return [(job, content(snapshots.get(job.id))) for job in jobs]
 
     def _lock_then_read(self, update, params, ids, instance_id):
-        """MariaDB/MySQL: the UPDATE, then one read of the batch's rows this instance holds,
+        """MariaDB/MySQL: the UPDATE and one read of the batch's rows this instance holds,
         joined with their snapshots. A row this instance held before (a lock it still has, or
         handed back, from an earlier attempt) is told from this lock's by ``locked_at``: the
         database clock is read once per statement, so this lock's rows share one time, later
         than any earlier statement's."""
-        changed = self.store.execute(statement(update), params).rowcount
+        select = statement(_SELECT_LOCKED % placeholders(len(ids)))
+        changed, rows = _update_and_read(statement(update), params, select, ids + [instance_id])
         if changed == 0:
             return []
-        select = statement(_SELECT_LOCKED % placeholders(len(ids)))
-        rows = self.store.execute(select, ids + [instance_id]).fetchall()
         latest = max(row[-2] for row in rows)
         rows = [row for row in rows if row[-2] == latest]
         if len(rows) != changed:  # the clock went back: no row can be told for sure
@@ -737,18 +741,22 @@ class AiJobLifecycleRepository:
         event = NewEvent(job_id, to_status, fence.attempt_no, {**(detail or {}), **fence.actor()})
 
         def write(tx):
-            write_row(shape, finish, lambda finishes: self._write_finishes(shape, finishes))
+            try:
+                write_row(shape, finish, lambda finishes: self._plan_finishes(shape, finishes))
+            except _Refused:  # written at once (alone): the refusal is this job's
+                raise self._refusal(job_id, to_status) from None
             self.outbox.create_terminal_event(tx, job_id, to_status)
             insert_events(self.store, [event])
 
         self._in_transaction(write)
 
-    def _write_finishes(self, shape, finishes):
+    def _plan_finishes(self, shape, finishes):
         """The terminal UPDATEs of ``finishes`` (job id, values, fence parameters) of one
         ``shape``, FINISH_BATCH per statement, each with its jobs' admission counters (in the
-        same statement for one job on MySQL, else one UPDATE after it); raises unless each
-        matched its job."""
+        same statement for one job on MySQL, else one UPDATE after it), planned for sql.send;
+        each raises unless it matched every job of its chunk (_Refused for a lone job)."""
         to_status, columns, fence_sql, extra_condition = shape
+        planned = []
         for start in range(0, len(finishes), FINISH_BATCH):
             chunk = finishes[start : start + FINISH_BATCH]
             releasing = len(chunk) == 1 and self.store.dialect == 'mysql'
@@ -759,19 +767,12 @@ class AiJobLifecycleRepository:
                     params += (job_id, values[i])
             for job_id, _, fence_params in chunk:
                 params += (job_id,) + fence_params
-            matched = self.store.execute(update, params).rowcount
-            if releasing:
-                matched = min(matched, 1)  # the counters' row counts too
-            if matched == len(chunk):
-                if not releasing:
-                    admission.release(self.store, [job_id for job_id, _, _ in chunk])
-                continue
-            if len(chunk) == 1:
-                raise self._refusal(chunk[0][0], to_status)
-            # Whose it was shows when the group commit writes each job's UPDATE on its own.
-            raise RuntimeError(
-                '%d of %d terminal writes refused' % (len(chunk) - matched, len(chunk))
-            )
+            check = functools.partial(_check_finished, [job_id for job_id, _, _ in chunk])
+            planned.append((update, params, check))
+            if not releasing:
+                # Sent even when the UPDATE fell short: that fails, and rolls back, the group.
+                planned += admission.plan_release([job_id for job_id, _, _ in chunk])
+        return planned
 
     def _in_transaction(self, work):
         """``work(tx)`` in the caller's transaction (the PROJECT transaction of a success, or
@@ -795,6 +796,40 @@ class AiJobLifecycleRepository:
         if to_status == SUCCEEDED and job.cancel_requested_at is not None:
             return JobCancelledError('cancel requested before the result was committed')
         return JobLockConflictError(job_id)
+
+
+def _update_and_read(update, params, select, select_params):
+    """An UPDATE and a read in one round trip (sql.send): the read goes whatever the UPDATE
+    changed. Returns (rows the UPDATE changed, rows read)."""
+    results = {}
+
+    def count_changed(cursor):
+        results['changed'] = cursor.rowcount
+
+    def keep_rows(cursor):
+        results['rows'] = cursor.fetchall()
+
+    send([(update, params, count_changed), (select, select_params, keep_rows)])
+    return results['changed'], results['rows']
+
+
+class _Refused(Exception):
+    """A lone job's terminal UPDATE matched nothing (why is read once the results are in)."""
+
+
+def _check_finished(job_ids, cursor):
+    """sql.send's receive of a terminal UPDATE: every job of ``job_ids`` matched. On MySQL a
+    lone job's UPDATE also changes its admission counters' row, which counts too."""
+    matched = cursor.rowcount
+    if len(job_ids) == 1:
+        if matched < 1:
+            raise _Refused(job_ids[0])
+        return
+    if matched != len(job_ids):
+        # Whose it was shows when the group commit writes each job's UPDATE on its own.
+        raise RuntimeError(
+            '%d of %d terminal writes refused' % (len(job_ids) - matched, len(job_ids))
+        )
 
 
 def lock_event(job, instance_id):

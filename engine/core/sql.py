@@ -12,6 +12,7 @@ the clock's UTC day.
 """
 
 import contextlib
+import functools
 import threading
 
 import peewee
@@ -84,6 +85,7 @@ def job_from_row(columns, row):
 # ---------------------------------------------------------------- rows written together
 # A write of one row per call, or, inside ``rows_together()``, kept until the block ends and
 # then written with the other rows of the same statement: one multi-row INSERT (or UPDATE) each.
+# The statements of a block's end go to MySQL/MariaDB in one round trip (``send``).
 ROWS_PER_INSERT = 500  # a bound on one statement's size and parameter count
 _IGNORE_DUPLICATE = {
     'mysql': ' ON DUPLICATE KEY UPDATE id = id',
@@ -92,15 +94,17 @@ _IGNORE_DUPLICATE = {
 _together = threading.local()
 
 
-def write_row(shape, row, write):
-    """``write(rows)`` writes rows of one statement ``shape`` (any hashable key): here
-    ``write([row])`` now, or, inside a ``rows_together()`` block, with every row of the same
-    shape at the block's end (in the order they came)."""
+def write_row(shape, row, plan):
+    """``plan(rows)`` plans the write of rows of one statement ``shape`` (any hashable key) as a
+    list of ``(Statement, params, receive)``, ``receive(cursor)`` (or None) taking that
+    statement's result (it may raise; it must not send SQL). Here ``plan([row])`` is sent now,
+    or, inside a ``rows_together()`` block, with every row of the same shape at the block's
+    end (in the order they came)."""
     pending = getattr(_together, 'rows', None)
     if pending is None:
-        write([row])
+        send(plan([row]))
     else:
-        pending.setdefault(shape, (write, []))[1].append(row)
+        pending.setdefault(shape, (plan, []))[1].append(row)
 
 
 def insert_row(head, row, params, ignore_duplicate=False, returning=None):
@@ -114,15 +118,15 @@ def insert_row(head, row, params, ignore_duplicate=False, returning=None):
     by the time the statement went out, so at once or at the block's end."""
     columns = returning[0] if returning else None
     shape = (head, row, ignore_duplicate, columns)
-    write_row(shape, (params, returning), lambda rows: _insert_many(*shape, rows))
+    write_row(shape, (params, returning), lambda rows: _plan_inserts(*shape, rows))
 
 
 @contextlib.contextmanager
 def rows_together():
     """Inside a transaction: every ``write_row`` of this thread in the block waits for its
     end, where rows of the same shape go out as one statement (shapes in the order they first
-    came). A block left by an exception writes nothing of them. A block inside another joins
-    it."""
+    came), and those statements in one round trip. A block left by an exception writes
+    nothing of them. A block inside another joins it."""
     if getattr(_together, 'rows', None) is not None:
         yield
         return
@@ -131,14 +135,49 @@ def rows_together():
         yield
         pending = _together.rows
         _together.rows = None
-        for write, rows in pending.values():
-            write(rows)
+        send([planned for plan, rows in pending.values() for planned in plan(rows)])
     finally:
         _together.rows = None
 
 
-def _insert_many(head, row, ignore_duplicate, columns, rows):
-    """``rows``: (params, returning or None) pairs, sent ROWS_PER_INSERT at a time."""
+def send(planned):
+    """Send ``planned`` statements (``(Statement, params, receive)``) in this thread's
+    connection and transaction, and give each its result. MySQL/MariaDB gets them in one
+    round trip (a multi-statement query: the server runs them in order and stops at the first
+    that fails); SQLite, in process, one by one. The first exception, of a statement or of a
+    ``receive``, is raised once every result has been read (the connection stays usable)."""
+    db = database.obj
+    if len(planned) <= 1 or dialect_of(db) == 'sqlite':
+        for made, params, receive in planned:
+            cursor = execute(made, params)
+            if receive is not None:
+                receive(cursor)
+        return
+    text = ';\n'.join(made.mysql for made, _, _ in planned)
+    cursor = db.execute_sql(text, [value for _, params, _ in planned for value in params])
+    db.count_statements(len(planned) - 1)  # one round trip, but every statement counts
+    failure = None
+    for i, (_, _, receive) in enumerate(planned):
+        try:
+            if i and not _next_result(cursor):
+                break  # a statement failed: the server ran none after it
+            if receive is not None and failure is None:
+                receive(cursor)
+        except Exception as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+
+
+def _next_result(cursor):
+    """Move ``cursor`` to the next statement's result, a failure raised as peewee's."""
+    with peewee.__exception_wrapper__:
+        return cursor.nextset()
+
+
+def _plan_inserts(head, row, ignore_duplicate, columns, rows):
+    """``rows``: (params, returning or None) pairs, planned ROWS_PER_INSERT at a time."""
+    planned = []
     for start in range(0, len(rows), ROWS_PER_INSERT):
         chunk = rows[start : start + ROWS_PER_INSERT]
         text = head + ', '.join([row] * len(chunk))
@@ -148,10 +187,14 @@ def _insert_many(head, row, ignore_duplicate, columns, rows):
             made = statement(text + ' RETURNING ' + columns)
         else:
             made = statement(text)
-        cursor = execute(made, [value for params, _ in chunk for value in params])
-        if columns:
-            receivers = {returning[1]: returning[2] for _, returning in chunk}
-            for returned in cursor.fetchall():
-                receivers.pop(returned[0])(returned)
-            if receivers:
-                raise RuntimeError('INSERT … RETURNING left %d rows unanswered' % len(receivers))
+        receive = functools.partial(_receive_returned, chunk) if columns else None
+        planned.append((made, [value for params, _ in chunk for value in params], receive))
+    return planned
+
+
+def _receive_returned(chunk, cursor):
+    receivers = {returning[1]: returning[2] for _, returning in chunk}
+    for returned in cursor.fetchall():
+        receivers.pop(returned[0])(returned)
+    if receivers:
+        raise RuntimeError('INSERT … RETURNING left %d rows unanswered' % len(receivers))

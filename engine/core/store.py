@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlsplit
 
 import peewee
 from playhouse.pool import MaxConnectionsExceeded, PooledMySQLDatabase
-from pymysql.constants import SERVER_STATUS
+from pymysql.constants import CLIENT, SERVER_STATUS
 
 from . import admission, sql
 from .errors import ConfigError, StoreUnavailableError
@@ -55,6 +55,9 @@ class _Counter:
 COMMITS = _Counter()
 # Every SQL statement this process sends, BEGIN/COMMIT/ROLLBACK included (for the benchmark).
 STATEMENTS = _Counter()
+# Every time this process waits for the database's answer: several statements sent together
+# (sql.send, a BEGIN going with its transaction's first statement) are one round trip.
+ROUND_TRIPS = _Counter()
 
 
 class _CountingMixin:
@@ -66,19 +69,27 @@ class _CountingMixin:
 
     def begin(self, *args, **kwargs):
         STATEMENTS.add(2 if kwargs.get('isolation_level') else 1)
+        ROUND_TRIPS.add(2 if kwargs.get('isolation_level') else 1)
         return super().begin(*args, **kwargs)
 
     def commit(self):
         COMMITS.add()
         STATEMENTS.add()
+        ROUND_TRIPS.add()
         return super().commit()
 
     def rollback(self):
         STATEMENTS.add()
+        ROUND_TRIPS.add()
         return super().rollback()
+
+    def count_statements(self, n):
+        """``n`` more statements sent in one round trip (sql.send)."""
+        STATEMENTS.add(n)
 
     def execute_sql(self, sql, params=None):
         STATEMENTS.add()
+        ROUND_TRIPS.add()
         if sql[:6] in ('INSERT', 'UPDATE', 'DELETE') and not self.in_transaction():
             COMMITS.add()
         return super().execute_sql(sql, params)
@@ -105,9 +116,48 @@ class _MySQL(_CountingMixin, PooledMySQLDatabase):
             return False
         return super()._is_closed(conn)
 
+    # BEGIN goes out with the transaction's first statement, in the same round trip (a
+    # multi-statement query), and a transaction that sent nothing ends without a word. A
+    # connection whose BEGIN waits is marked with ``aijob_begin``.
+    def begin(self, isolation_level=None):
+        if isolation_level:
+            return super().begin(isolation_level=isolation_level)
+        self.connection().aijob_begin = True
+        return None
+
+    def execute_sql(self, sql, params=None):
+        conn = self.connection()
+        if not getattr(conn, 'aijob_begin', False):
+            return super().execute_sql(sql, params)
+        conn.aijob_begin = False
+        STATEMENTS.add()  # the BEGIN
+        cursor = super().execute_sql('BEGIN;\n' + sql, params)
+        with peewee.__exception_wrapper__:
+            cursor.nextset()  # from BEGIN's answer to the statement's
+        return cursor
+
+    def commit(self):
+        if self._nothing_sent():
+            return None
+        return super().commit()
+
+    def rollback(self):
+        if self._nothing_sent():
+            return None
+        return super().rollback()
+
+    def _nothing_sent(self):
+        """Did the transaction now ending send no statement (its BEGIN still waits)?"""
+        conn = None if self.is_closed() else self.connection()
+        if getattr(conn, 'aijob_begin', False):
+            conn.aijob_begin = False
+            return True
+        return False
+
     def _can_reuse(self, conn):
         if not conn.open:
             return False
+        conn.aijob_begin = False
         if conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS:
             try:
                 conn.rollback()
@@ -165,6 +215,9 @@ def open_database(url, pool_size=32):
             stale_timeout=300,
             timeout=30,
             init_command='SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED',
+            # The writes that end a transaction go out in one round trip (sql.send). Every
+            # statement's values are escaped by the driver, as for a single statement.
+            client_flag=CLIENT.MULTI_STATEMENTS,
             **extra,
         )
     raise ConfigError('unsupported database URL scheme %r' % parts.scheme)
@@ -203,6 +256,10 @@ class Store:
     def statement_count(self):
         """SQL statements this process has sent so far, BEGIN/COMMIT/ROLLBACK included."""
         return STATEMENTS.value
+
+    def round_trip_count(self):
+        """Times this process has waited for the database's answer so far."""
+        return ROUND_TRIPS.value
 
     # -- plain SQL (sql.py)
     def execute(self, statement, params=()):

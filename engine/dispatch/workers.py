@@ -374,6 +374,7 @@ class Worker:
             outcome='all jobs finished' if finished else 'running jobs handed back',
             commits=self.runtime.store.commit_count(),
             statements=self.runtime.store.statement_count(),
+            round_trips=self.runtime.store.round_trip_count(),
             cpu_ms=round(time.process_time() * 1000.0, 1),  # this whole process, every thread
         )
 

@@ -1,0 +1,155 @@
+"""Statements that go out together (docs/architecture.md, decision 10): ``sql.send`` sends a
+transaction's collected writes in one round trip on MariaDB/MySQL (one by one on SQLite), a
+failure anywhere in them fails the transaction as it would have one statement at a time, and
+a BEGIN waits for its transaction's first statement and goes with it."""
+
+import threading
+
+import peewee
+import pytest
+
+from engine.core.history import NewEvent, insert_events
+from engine.core.models import AiJobEvent, OutboxEvent
+from engine.core.sql import Statement, rows_together, send
+
+INSERT_EVENT = Statement(
+    'INSERT INTO ai_job_event (job_id, kind, attempt_no, detail, created_at) '
+    "VALUES (%s, 'progress', 1, 'null', {now})"
+)
+INSERT_OUTBOX = Statement(
+    'INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload, '
+    "status, attempt_count, available_at, created_at, updated_at) VALUES ('t', 'AiJob', %s, %s, "
+    "'null', 'published', 0, {now}, {now}, {now})"
+)
+COUNT_EVENTS = Statement('SELECT COUNT(*) FROM ai_job_event WHERE job_id = %s')
+
+
+def counts(store):
+    return store.statement_count(), store.round_trip_count()
+
+
+def events_of(job_id):
+    return AiJobEvent.select().where(AiJobEvent.job_id == job_id).count()
+
+
+def test_a_transactions_writes_go_in_one_round_trip_and_each_gets_its_answer(runtime):
+    store = runtime.store
+    answers = []
+    statements, round_trips = counts(store)
+    with store.atomic():
+        send(
+            [
+                (INSERT_EVENT, ('rt-a',), lambda cursor: answers.append(cursor.rowcount)),
+                (INSERT_EVENT, ('rt-b',), None),
+                (COUNT_EVENTS, ('rt-a',), lambda cursor: answers.append(cursor.fetchone()[0])),
+            ]
+        )
+    sent = store.statement_count() - statements
+    waited = store.round_trip_count() - round_trips
+    assert answers == [1, 1]  # each answer its own statement's, read in order
+    assert events_of('rt-a') == events_of('rt-b') == 1
+    assert sent == 5  # BEGIN, the three, COMMIT: every statement counts
+    if store.dialect == 'mysql':
+        assert waited == 2  # BEGIN with the three; COMMIT
+    else:
+        assert waited == sent  # SQLite is in the process: one at a time
+
+
+def test_a_statement_that_fails_stops_the_rest_and_the_transaction_writes_nothing(runtime):
+    store = runtime.store
+    duplicate = ('rt-dup', 'rt-dedupe-key')
+    with pytest.raises(peewee.IntegrityError):  # the driver's error, as peewee's, as always
+        with store.atomic():
+            send(
+                [
+                    (INSERT_EVENT, ('rt-before',), None),
+                    (INSERT_OUTBOX, duplicate, None),
+                    (INSERT_OUTBOX, duplicate, None),  # outbox_event.dedupe_key is UNIQUE
+                    (INSERT_EVENT, ('rt-after',), None),
+                ]
+            )
+    assert events_of('rt-before') == events_of('rt-after') == 0
+    assert OutboxEvent.select().where(OutboxEvent.aggregate_id == 'rt-dup').count() == 0
+    with store.atomic():  # the connection is in step: the next transaction works
+        send([(INSERT_EVENT, ('rt-next',), None), (INSERT_EVENT, ('rt-next',), None)])
+    assert events_of('rt-next') == 2
+
+
+def test_an_answer_that_refuses_fails_the_transaction_once_every_result_is_read(runtime):
+    store = runtime.store
+    later = []
+
+    def refuse(cursor):
+        raise ValueError('refused by its answer')
+
+    with pytest.raises(ValueError, match='refused by its answer'):
+        with store.atomic():
+            send(
+                [
+                    (INSERT_EVENT, ('rt-refused',), refuse),
+                    (COUNT_EVENTS, ('rt-refused',), lambda cursor: later.append('read')),
+                    (INSERT_EVENT, ('rt-refused',), None),
+                ]
+            )
+    assert later == []  # after the first failure no answer is taken
+    assert events_of('rt-refused') == 0  # rolled back, the statements after it too
+    assert store.execute(COUNT_EVENTS, ('rt-refused',)).fetchone()[0] == 0  # in step
+
+
+def test_rows_written_together_are_one_round_trip_whatever_their_tables(runtime):
+    store = runtime.store
+    statements, round_trips = counts(store)
+    with store.atomic(), rows_together():
+        insert_events(store, [NewEvent('rt-t%d' % i, 'progress', 1, {}) for i in range(3)])
+        send([(INSERT_OUTBOX, ('rt-t', 'rt-t-key'), None)])  # now, not at the block's end
+        insert_events(store, [NewEvent('rt-t9', 'progress', 1, {})])
+    sent = store.statement_count() - statements
+    waited = store.round_trip_count() - round_trips
+    assert [events_of('rt-t%d' % i) for i in (0, 1, 2, 9)] == [1, 1, 1, 1]
+    assert sent == 4  # BEGIN, the outbox row, the events' one INSERT, COMMIT
+    assert waited == (3 if store.dialect == 'mysql' else 4)
+
+
+def test_a_transaction_that_sends_nothing_costs_no_round_trip_on_mysql(runtime):
+    store = runtime.store
+    before = counts(store)
+    with store.atomic():
+        pass
+    statements, round_trips = counts(store)
+    if store.dialect == 'mysql':
+        assert (statements, round_trips) == before
+    else:
+        assert (statements - before[0], round_trips - before[1]) == (2, 2)  # BEGIN, COMMIT
+
+
+@pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
+def test_the_begin_sent_with_the_first_statement_holds_its_locks_until_commit(runtime, backend):
+    """Were the first statement sent without its BEGIN (autocommit), its row lock would end
+    with it: another connection's NOWAIT lock would succeed while the transaction is open."""
+    store = runtime.store
+    with store.atomic():
+        insert_events(store, [NewEvent('rt-lock', 'progress', 1, {})])
+    lock = 'SELECT id FROM ai_job_event WHERE job_id = %s FOR UPDATE'
+    locked, release, outcome = threading.Event(), threading.Event(), []
+
+    def holder():
+        with store.connection(), store.atomic():
+            store.db.execute_sql(lock, ('rt-lock',)).fetchall()
+            locked.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        with store.connection():
+            try:
+                with store.atomic():
+                    store.db.execute_sql(lock + ' NOWAIT', ('rt-lock',)).fetchall()
+                outcome.append('took it')
+            except peewee.OperationalError:
+                outcome.append('held by the other')
+    finally:
+        release.set()
+        thread.join(10)
+    assert outcome == ['held by the other']
