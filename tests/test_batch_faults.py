@@ -268,7 +268,10 @@ def test_max_jobs_is_bounded_by_the_items_one_step_looks_at(batch_rt, batch_fake
     engine = ExecutionEngine(rt, 'test-worker')
     with rt.store.connection():
         [job_id] = parked(rt, engine, 1)
-        rt.batches.step()  # due by its wait (1 ms), far from its count
+        # Due by its wait (1 ms), far from its count. SQLite's clock counts whole milliseconds,
+        # so a step in the park's own millisecond would see it waited 0 ms: it waited a second.
+        AiProviderBatchItem.update(created_at=rt.store.now_plus_ms(-1000)).execute()
+        rt.batches.step()
         assert (batch_of(job_id).state, batch_of(job_id).job_count) == ('submitted', 1)
     with pytest.raises(InvalidDefinitionError, match='batch.maxJobs 5001 must be 1..5000'):
         batch_rt(max_jobs=FORM_SCAN + 1)
