@@ -12,8 +12,7 @@ both. The daily count is kept with its day and starts again at 1 on a create of 
 import datetime
 
 from .errors import QuotaExceededError, TooManyJobsError
-from .models import database
-from .sql import ROWS_PER_INSERT, Statement, dialect_of, placeholders, statement, write_row
+from .sql import ROWS_PER_INSERT, Statement, placeholders, send, statement, write_row
 
 _INSERT = (
     'INSERT INTO ai_user_admission (user_id, active, day, created_on_day, last_job_id) '
@@ -88,18 +87,16 @@ def count_create(store, user_id, job_id, max_active=0, daily_quota=0):
 def release(store, job_ids):
     """In the transaction that made jobs ``job_ids`` terminal (each was queued or running):
     take them off their users' ``active``."""
-    for made, params, _ in plan_release(job_ids):
-        store.execute(made, params)
+    send(plan_release(store, job_ids))
 
 
-def plan_release(job_ids):
+def plan_release(store, job_ids):
     """``release`` as statements planned for sql.send."""
     job_ids = list(job_ids)
+    twice = store.dialect == 'sqlite'  # MySQL names the ids once (a join), SQLite twice
     planned = []
     for start in range(0, len(job_ids), ROWS_PER_INSERT):
         chunk = job_ids[start : start + ROWS_PER_INSERT]
-        # MySQL names the ids once (a join), SQLite twice (a correlated subquery).
-        twice = dialect_of(database.obj) == 'sqlite'
         planned.append((_release(len(chunk)), chunk * 2 if twice else chunk, None))
     return planned
 

@@ -771,7 +771,7 @@ class AiJobLifecycleRepository:
             planned.append((update, params, check))
             if not releasing:
                 # Sent even when the UPDATE fell short: that fails, and rolls back, the group.
-                planned += admission.plan_release([job_id for job_id, _, _ in chunk])
+                planned += admission.plan_release(self.store, [job_id for job_id, _, _ in chunk])
         return planned
 
     def _in_transaction(self, work):
@@ -801,16 +801,13 @@ class AiJobLifecycleRepository:
 def _update_and_read(update, params, select, select_params):
     """An UPDATE and a read in one round trip (sql.send): the read goes whatever the UPDATE
     changed. Returns (rows the UPDATE changed, rows read)."""
-    results = {}
+    return send(
+        [(update, params, _rowcount), (select, select_params, lambda cursor: cursor.fetchall())]
+    )
 
-    def count_changed(cursor):
-        results['changed'] = cursor.rowcount
 
-    def keep_rows(cursor):
-        results['rows'] = cursor.fetchall()
-
-    send([(update, params, count_changed), (select, select_params, keep_rows)])
-    return results['changed'], results['rows']
+def _rowcount(cursor):
+    return cursor.rowcount
 
 
 class _Refused(Exception):

@@ -142,31 +142,37 @@ def rows_together():
 
 def send(planned):
     """Send ``planned`` statements (``(Statement, params, receive)``) in this thread's
-    connection and transaction, and give each its result. MySQL/MariaDB gets them in one
-    round trip (a multi-statement query: the server runs them in order and stops at the first
-    that fails); SQLite, in process, one by one. The first exception, of a statement or of a
-    ``receive``, is raised once every result has been read (the connection stays usable)."""
+    connection and transaction; returns what each ``receive(cursor)`` returned (None for a
+    statement without one). MySQL/MariaDB gets them in one round trip (a multi-statement
+    query: the server runs them in order and stops at the first that fails); SQLite, in
+    process, one by one. The first exception, of a statement or of a ``receive``, is raised
+    once every result has been read (the connection stays usable)."""
     db = database.obj
     if len(planned) <= 1 or dialect_of(db) == 'sqlite':
-        for made, params, receive in planned:
-            cursor = execute(made, params)
-            if receive is not None:
-                receive(cursor)
-        return
+        return [_received(receive, execute(made, params)) for made, params, receive in planned]
     text = ';\n'.join(made.mysql for made, _, _ in planned)
     cursor = db.execute_sql(text, [value for _, params, _ in planned for value in params])
     db.count_statements(len(planned) - 1)  # one round trip, but every statement counts
-    failure = None
+    received, failure = [], None
     for i, (_, _, receive) in enumerate(planned):
-        try:
-            if i and not _next_result(cursor):
-                break  # a statement failed: the server ran none after it
-            if receive is not None and failure is None:
-                receive(cursor)
-        except Exception as exc:
-            failure = failure or exc
+        if i:
+            try:
+                _next_result(cursor)
+            except Exception as exc:  # this statement failed: the server ran none after it
+                failure = failure or exc
+                break
+        if failure is None:
+            try:
+                received.append(_received(receive, cursor))
+            except Exception as exc:  # the rest are read all the same, their answers not taken
+                failure = exc
     if failure is not None:
         raise failure
+    return received
+
+
+def _received(receive, cursor):
+    return None if receive is None else receive(cursor)
 
 
 def _next_result(cursor):
