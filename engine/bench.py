@@ -330,7 +330,9 @@ class _WorkerProcess:
         for line in open(self.log.name, encoding='utf-8', errors='replace'):
             if '"worker.stopped"' in line:
                 record = json.loads(line)
-                missing = [name for name in ('statements', 'cpu_ms') if name not in record]
+                missing = [
+                    name for name in ('statements', 'round_trips', 'cpu_ms') if name not in record
+                ]
                 if missing:
                     raise SystemExit(
                         'bench: the worker reported no %s; see %s'
@@ -339,7 +341,7 @@ class _WorkerProcess:
                 self.stopped = {
                     'commits': record.get('commits', 0),
                     'statements': record['statements'],
-                    'round_trips': record.get('round_trips', record['statements']),
+                    'round_trips': record['round_trips'],
                     'cpu_ms': max(0.0, float(record['cpu_ms']) - self.startup_cpu_ms),
                 }
                 os.unlink(self.log.name)
