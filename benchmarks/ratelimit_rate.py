@@ -28,21 +28,20 @@ import pathlib
 import statistics
 import sys
 import tempfile
-import time
 import uuid
 from urllib.parse import urlsplit
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pymysql  # noqa: E402
-import redis  # noqa: E402
 
 from engine.core.config import Config  # noqa: E402
 from engine.core.lifecycle import TERMINAL  # noqa: E402
 from engine.core.models import AiJob, AiJobEvent  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
-from tests.support.backends import reset_tables  # noqa: E402
+from tests.support.backends import delete_redis_keys, reset_tables  # noqa: E402
 from tests.support.fake_openai import FakeOpenAI  # noqa: E402
+from tests.support.helpers import wait_until  # noqa: E402
 from tests.support.rate_limited import create_jobs, limit_fake, settings  # noqa: E402
 from tests.support.worker_processes import Worker  # noqa: E402
 
@@ -80,15 +79,6 @@ def drop_database(url):
     conn.close()
 
 
-def delete_keys(redis_url, prefix):
-    """This round's keys only, never a whole database."""
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=prefix + ':*', count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
-
-
 def one_round(args, folder):
     """The figures of one round: a dict."""
     window_s = args.window_ms / 1000.0
@@ -116,7 +106,7 @@ def one_round(args, folder):
             worker.close()
         fake.stop()
         runtime.close()
-        delete_keys(args.redis_url, prefix)
+        delete_redis_keys(prefix, args.redis_url)
     answered = sorted(fake.answered_at)
     steady = (len(answered) - args.limit) / (answered[-1] - answered[0])
     return {
@@ -140,13 +130,11 @@ def spare_ms(answered, limit, window_s):
 def wait_ended(args):
     """Every job ended, within ten times its slots' time (a 429's retry waits too)."""
     slots_s = args.jobs / args.limit * (args.window_ms + args.margin_ms) / 1000.0
-    timeout_s = 60 + 10 * slots_s
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not AiJob.select().where(AiJob.lifecycle_status.not_in(TERMINAL)).count():
-            return
-        time.sleep(0.2)
-    raise SystemExit('ratelimit_rate: jobs still running after %.0f s' % timeout_s)
+    wait_until(
+        lambda: not AiJob.select().where(AiJob.lifecycle_status.not_in(TERMINAL)).count(),
+        timeout=60 + 10 * slots_s,
+        interval=0.2,
+    )
 
 
 def main():

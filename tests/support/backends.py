@@ -100,9 +100,9 @@ def backend(request, tmp_path):
     delete_redis_keys(chosen.prefix)
 
 
-def delete_redis_keys(prefix):
+def delete_redis_keys(prefix, url=REDIS_URL):
     """Remove one test's keys (never a whole FLUSHDB: other runs may share the server)."""
-    client = redis.Redis.from_url(REDIS_URL)
+    client = redis.Redis.from_url(url)
     keys = list(client.scan_iter(match=prefix + ':*', count=1000))
     if keys:
         client.delete(*keys)
