@@ -233,7 +233,13 @@ CREATE TABLE IF NOT EXISTS `ai_user_admission` (
   `day` DATE NOT NULL,                          -- the UTC day of created_on_day
   `created_on_day` INTEGER NOT NULL,
   `last_job_id` VARCHAR(36) NOT NULL,           -- the last job admitted
-  PRIMARY KEY (`user_id`)
+  `active_limit` INTEGER NOT NULL DEFAULT 0,    -- the limits the last create was held to
+  `daily_limit` INTEGER NOT NULL DEFAULT 0,     -- (0: none)
+  PRIMARY KEY (`user_id`),
+  -- A create that would pass a limit fails its upsert here (engine/core/admission.py)
+  CONSTRAINT `admission_within_limits` CHECK (
+    (`active_limit` = 0 OR `active` <= `active_limit`)
+    AND (`daily_limit` = 0 OR `created_on_day` <= `daily_limit`))
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
 -- Budgets in money (issue 21 item 5; engine/gateway/budgets.py): per user, per job type or

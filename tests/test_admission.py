@@ -166,3 +166,35 @@ def test_a_group_commit_of_terminal_writes_frees_each_of_its_jobs_once(runtime):
     assert outcomes[0] is None and outcomes[2] is None
     assert isinstance(outcomes[1], JobLockConflictError)
     assert counters() == counted() == (1, 6)
+
+
+@pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
+def test_limits_hold_with_the_constraint_and_without_it_until_initdb_adds_it(make_runtime, backend):
+    """On MariaDB a refused create is the CHECK constraint's error (its writes then carry the
+    COMMIT). A table from before the constraint is held by the limits all the same (the count
+    read back), and ``initdb`` adds the constraint to it."""
+    runtime = make_runtime(AIJOB_MAX_ACTIVE_JOBS_PER_USER='2')
+    store = runtime.store
+    with store.connection():
+        store.db.execute_sql(
+            'ALTER TABLE ai_user_admission DROP CONSTRAINT admission_within_limits'
+        )
+        store._checks.clear()  # as a process started before initdb
+        assert not store.enforces_check('ai_user_admission', 'admission_within_limits')
+        create_job(runtime, input={'i': 1})
+        create_job(runtime, input={'i': 2})
+        with pytest.raises(Exception) as raised:
+            create_job(runtime, input={'i': 3})
+        assert raised.value.code == 'TOO_MANY_JOBS'
+        assert counters() == counted() == (2, 2)
+
+        store.create_schema()  # initdb
+        store._checks.clear()
+        assert store.enforces_check('ai_user_admission', 'admission_within_limits')
+        with pytest.raises(Exception) as raised:
+            create_job(runtime, input={'i': 4})
+        assert raised.value.code == 'TOO_MANY_JOBS'
+        assert counters() == counted() == (2, 2)
+        runtime.lifecycle.mark_cancelled(AiJob.select().first().id)
+        create_job(runtime, input={'i': 5})
+        assert counters() == counted() == (2, 3)

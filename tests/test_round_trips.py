@@ -10,7 +10,8 @@ import pytest
 
 from engine.core.history import NewEvent, insert_events
 from engine.core.models import AiJobEvent, OutboxEvent
-from engine.core.sql import Statement, rows_together, send
+from engine.core.sql import Statement, rows_together, send, write_row
+from tests.support.helpers import create_job
 
 INSERT_EVENT = Statement(
     'INSERT INTO ai_job_event (job_id, kind, attempt_no, detail, created_at) '
@@ -152,3 +153,75 @@ def test_the_begin_sent_with_the_first_statement_holds_its_locks_until_commit(ru
         release.set()
         thread.join(10)
     assert outcome == ['held by the other']
+
+
+# ---------------------------------------------------------------- the COMMIT with the last writes
+def test_a_block_that_ends_its_transaction_sends_the_commit_with_its_rows(runtime):
+    store = runtime.store
+    statements, round_trips = counts(store)
+    commits = store.commit_count()
+    with store.atomic(), rows_together(ends_transaction=True):
+        insert_events(store, [NewEvent('rt-end%d' % i, 'progress', 1, {}) for i in range(2)])
+        send([(INSERT_OUTBOX, ('rt-end', 'rt-end-key'), None)])
+    sent = store.statement_count() - statements
+    waited = store.round_trip_count() - round_trips
+    assert store.commit_count() - commits == 1  # counted once, whichever way it went
+    assert sent == 4  # BEGIN, the outbox row, the events' INSERT, COMMIT
+    if store.dialect == 'mysql':
+        assert waited == 2  # BEGIN with the outbox row; the events' INSERT with the COMMIT
+    assert events_of('rt-end0') == events_of('rt-end1') == 1
+    with store.atomic():  # the connection is in step and out of the transaction
+        send([(INSERT_EVENT, ('rt-end-next',), None)])
+    assert events_of('rt-end-next') == 1
+
+
+def test_a_failure_in_the_rows_that_carry_the_commit_commits_nothing(runtime):
+    store = runtime.store
+    duplicate = ('rt-end-dup', 'rt-end-dedupe-key')
+    with pytest.raises(peewee.IntegrityError):
+        with store.atomic(), rows_together(ends_transaction=True):
+            send([(INSERT_EVENT, ('rt-end-before',), None)])  # sent now, in the transaction
+            insert_events(store, [NewEvent('rt-end-with', 'progress', 1, {})])
+            write_row('dup-a', None, lambda rows: [(INSERT_OUTBOX, duplicate, None)])
+            write_row('dup-b', None, lambda rows: [(INSERT_OUTBOX, duplicate, None)])
+    assert events_of('rt-end-before') == events_of('rt-end-with') == 0
+    with store.atomic():
+        send([(INSERT_EVENT, ('rt-end-after',), None)])
+    assert events_of('rt-end-after') == 1
+
+
+@pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
+def test_nothing_may_follow_the_rows_that_carried_the_commit(runtime, backend):
+    """Autocommit would write a statement sent after the COMMIT on its own, outside the
+    transaction it was written for: the store refuses it, and the transaction's own end then
+    sends nothing (its rows are committed)."""
+    store = runtime.store
+    with pytest.raises(RuntimeError, match='nothing follows'):
+        with store.atomic():
+            with rows_together(ends_transaction=True):
+                insert_events(store, [NewEvent('rt-end-then', 'progress', 1, {})])
+            send([(INSERT_EVENT, ('rt-end-late',), None)])
+    assert events_of('rt-end-then') == 1  # committed with the rows
+    assert events_of('rt-end-late') == 0
+
+
+@pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
+def test_a_create_and_a_lock_cost_one_and_two_round_trips_on_mariadb(runtime, backend):
+    """A create: BEGIN, the admission count, job, snapshot, outbox and history rows, COMMIT in
+    one round trip (a refused count is the CHECK constraint's error, nothing read back). A
+    batch's lock: BEGIN, the CAS UPDATE and its read; the history rows and COMMIT."""
+    store = runtime.store
+    assert store.enforces_check('ai_user_admission', 'admission_within_limits')
+    runtime.service.dispatch_now = None  # the push to Redis is no round trip to the database
+    create_job(runtime, input={'warm': True})  # the first create reads what it then keeps
+    jobs, costs = [], []
+    for i in range(3):
+        before = counts(store)
+        jobs.append(create_job(runtime, input={'i': i}))
+        costs.append(tuple(now - then for now, then in zip(counts(store), before, strict=True)))
+    assert costs == [(7, 1)] * 3
+    round_trips = store.round_trip_count()
+    locked = runtime.lifecycle.lock_jobs([job.id for job in jobs], 'worker-rt')
+    assert len(locked) == 3
+    assert store.round_trip_count() - round_trips == 2
+    assert AiJobEvent.select().where(AiJobEvent.kind == 'started').count() == 3

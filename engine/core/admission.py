@@ -39,6 +39,19 @@ _ADMIT_SQLITE = _INSERT + (
 )
 ADMIT_RETURNING = Statement(_ADMIT_MYSQL + ' RETURNING last_job_id', _ADMIT_SQLITE)
 ADMIT = Statement(_ADMIT_MYSQL)  # MySQL, which has no INSERT … RETURNING: read back
+# MariaDB, with the table's CHECK constraint in force: the create always counts itself, and
+# writes the limits it is held to; a count past one fails the constraint, so the upsert itself
+# is the refusal (an error, changing nothing) and has no answer to read. Parameters: the user,
+# the job, the active limit, the daily limit.
+LIMITS_CHECK = 'admission_within_limits'
+ADMIT_CHECKED = Statement(
+    'INSERT INTO ai_user_admission '
+    '(user_id, active, day, created_on_day, last_job_id, active_limit, daily_limit) '
+    'VALUES (%s, 1, {today}, 1, %s, %s, %s) ON DUPLICATE KEY UPDATE '
+    'created_on_day = IF(day = {today}, created_on_day + 1, 1), day = {today}, '
+    'active = active + 1, last_job_id = VALUES(last_job_id), '
+    'active_limit = VALUES(active_limit), daily_limit = VALUES(daily_limit)'
+)
 LAST_ADMITTED = Statement('SELECT last_job_id FROM ai_user_admission WHERE user_id = %s')
 COUNTS = Statement(
     'SELECT active, CASE WHEN day = {today} THEN created_on_day ELSE 0 END '
@@ -64,11 +77,22 @@ class NotAdmitted(Exception):
     """A create's count would pass a limit (which one is read afterwards, on its own)."""
 
 
+def refuses_by_error(store):
+    """Is a refused count an error of its own statement (the CHECK constraint, MariaDB), so
+    that nothing read back decides it: a create's writes may then end with their COMMIT
+    (sql.rows_together's ``ends_transaction``)."""
+    return store.enforces_check('ai_user_admission', LIMITS_CHECK)
+
+
 def count_create(store, user_id, job_id, max_active=0, daily_quota=0):
     """In the create's transaction: count job ``job_id`` for ``user_id`` unless that would pass
     a limit (0: none), in which case NotAdmitted is raised. The count goes out with the
     transaction's other writes (sql.write_row): at once, or at the end of the enclosing
-    ``rows_together()`` block, which is then where NotAdmitted comes from."""
+    ``rows_together()`` block, which is then where the refusal comes from (NotAdmitted, or
+    where the limits are a CHECK constraint, the statement's error)."""
+    if refuses_by_error(store):
+        _count_checked(store, user_id, job_id, max_active, daily_quota)
+        return
     params = (user_id, job_id, max_active, max_active, daily_quota, daily_quota)
 
     def counted(cursor):
@@ -82,6 +106,16 @@ def count_create(store, user_id, job_id, max_active=0, daily_quota=0):
         planned = [(ADMIT, params, None), (LAST_ADMITTED, (user_id,), counted)]
     # Each create's count is a statement of its own (a refusal must not change the others).
     write_row(('admit', job_id), None, lambda rows: planned)
+
+
+def _count_checked(store, user_id, job_id, max_active, daily_quota):
+    params = (user_id, job_id, max_active, daily_quota)
+    try:
+        write_row(('admit', job_id), None, lambda rows: [(ADMIT_CHECKED, params, None)])
+    except Exception as exc:  # sent at once: the constraint's refusal is this create's
+        if store.is_check_failure(exc, LIMITS_CHECK):
+            raise NotAdmitted(user_id) from None
+        raise
 
 
 def release(store, job_ids):

@@ -52,9 +52,13 @@ class _Ticket:
 
 
 class GroupCommit:
-    def __init__(self, store, after_commit=None, prepare=None, groups=1):
-        """``groups``: how many groups may commit at once (each its own transaction)."""
+    def __init__(self, store, after_commit=None, prepare=None, groups=1, commit_with_rows=None):
+        """``groups``: how many groups may commit at once (each its own transaction).
+        ``commit_with_rows()``, when given and true, sends the COMMIT with the rows the works
+        wrote together (sql.rows_together's ``ends_transaction``): for works whose every refusal
+        is an error of a statement, never an answer read back."""
         self.store = store
+        self.commit_with_rows = commit_with_rows or (lambda: False)
         self.after_commit = after_commit
         self.prepare = prepare or (lambda works: None)
         self._cond = threading.Condition()
@@ -174,7 +178,8 @@ class GroupCommit:
         self.prepare([member.works[i] for member, i in left])
         outputs = []
         try:
-            with rows_together() if together else contextlib.nullcontext():
+            ends = together and self.commit_with_rows()
+            with rows_together(ends_transaction=ends) if together else contextlib.nullcontext():
                 for member, i in left:
                     try:
                         outputs.append(member.works[i](tx))

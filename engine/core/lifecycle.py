@@ -25,7 +25,16 @@ from .history import NewEvent, insert_events
 from .logs import log_event
 from .models import AiJob, AiJobEvent, AiJobSnapshot
 from .outbox import OutboxRepository
-from .sql import Statement, insert_row, job_from_row, placeholders, send, statement, write_row
+from .sql import (
+    Statement,
+    insert_row,
+    job_from_row,
+    placeholders,
+    rows_together,
+    send,
+    statement,
+    write_row,
+)
 
 
 class Status(str, Enum):
@@ -344,10 +353,14 @@ class AiJobLifecycleRepository:
         if self.store.dialect == 'sqlite':
             locked = self._lock_returning(update, params, instance_id)
         else:
+            # In a transaction of its own, the history rows carry the COMMIT: the lock is two
+            # round trips (BEGIN, UPDATE and read; history rows and COMMIT).
+            own = not self.store.in_transaction()
 
             def write(tx):  # the locks and their history rows (one INSERT) commit together
                 locked = self._lock_then_read(update, params, ids, instance_id)
-                insert_events(self.store, [lock_event(job, instance_id) for job, _ in locked])
+                with rows_together(ends_transaction=own):
+                    insert_events(self.store, [lock_event(job, instance_id) for job, _ in locked])
                 return locked
 
             locked = self._in_transaction(write)

@@ -390,6 +390,10 @@ class AiUserAdmission(BaseModel):
     day = DateField()  # the UTC day of created_on_day
     created_on_day = IntegerField()
     last_job_id = CharField(max_length=36)  # the last job admitted: tells a create it was
+    # The limits the last create was held to (0: none); on MariaDB a CHECK constraint holds
+    # the counts within them (schema.sql), so a refusal is the upsert's own error.
+    active_limit = IntegerField(default=0, constraints=[peewee.SQL('DEFAULT 0')])
+    daily_limit = IntegerField(default=0, constraints=[peewee.SQL('DEFAULT 0')])
 
     class Meta:
         table_name = 'ai_user_admission'

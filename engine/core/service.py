@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 from . import metrics
-from .admission import count_create
+from .admission import count_create, refuses_by_error
 from .errors import (
     BudgetExceededError,
     IdempotencyKeyReusedError,
@@ -101,7 +101,14 @@ class AiJobService:
         self.store = store
         # With the creates of other threads (web requests) in one transaction, one commit; then
         # their events, claimed in it, pushed together.
-        self.creates = GroupCommit(store, after_commit=self._push_created, groups=CREATE_GROUPS)
+        # Where a refused admission is its statement's error, the group's writes carry its
+        # COMMIT: BEGIN, the rows and COMMIT in one round trip (architecture decision 10).
+        self.creates = GroupCommit(
+            store,
+            after_commit=self._push_created,
+            groups=CREATE_GROUPS,
+            commit_with_rows=lambda: refuses_by_error(store),
+        )
         self.snapshot_ttl_ms = snapshot_ttl_ms
         self.registry = registry
         self.lifecycle = lifecycle

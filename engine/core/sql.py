@@ -122,11 +122,16 @@ def insert_row(head, row, params, ignore_duplicate=False, returning=None):
 
 
 @contextlib.contextmanager
-def rows_together():
+def rows_together(ends_transaction=False):
     """Inside a transaction: every ``write_row`` of this thread in the block waits for its
     end, where rows of the same shape go out as one statement (shapes in the order they first
     came), and those statements in one round trip. A block left by an exception writes
-    nothing of them. A block inside another joins it."""
+    nothing of them. A block inside another joins it (and its ``ends_transaction`` is the
+    outer block's to say).
+
+    ``ends_transaction``: nothing follows the block's writes in its transaction, which the
+    caller began and will commit: on MariaDB/MySQL the COMMIT goes in their round trip
+    (``send(…, commit=True)``), so none of their receives may refuse."""
     if getattr(_together, 'rows', None) is not None:
         yield
         return
@@ -135,19 +140,35 @@ def rows_together():
         yield
         pending = _together.rows
         _together.rows = None
-        send([planned for plan, rows in pending.values() for planned in plan(rows)])
+        planned = [planned for plan, rows in pending.values() for planned in plan(rows)]
+        send(planned, commit=ends_transaction and bool(planned))
     finally:
         _together.rows = None
 
 
-def send(planned):
+_COMMIT = Statement('COMMIT')
+
+
+def send(planned, commit=False):
     """Send ``planned`` statements (``(Statement, params, receive)``) in this thread's
     connection and transaction; returns what each ``receive(cursor)`` returned (None for a
     statement without one). MySQL/MariaDB gets them in one round trip (a multi-statement
     query: the server runs them in order and stops at the first that fails); SQLite, in
     process, one by one. The first exception, of a statement or of a ``receive``, is raised
-    once every result has been read (the connection stays usable)."""
+    once every result has been read (the connection stays usable).
+
+    ``commit``: on MySQL/MariaDB the transaction's COMMIT goes last in the same round trip;
+    a failing statement stops the server before it, so the caller's rollback undoes the
+    transaction as ever. Only for a transaction that has nothing left to send, whose receives
+    never refuse (the COMMIT has run by the time they read their results): refusals must be
+    errors of the statements themselves, such as a CHECK constraint. The store then takes its
+    own COMMIT as done, and refuses any statement before the transaction's end. SQLite, in
+    process, commits when the transaction ends, as without it."""
     db = database.obj
+    if commit and dialect_of(db) == 'mysql':
+        received = send(planned + [(_COMMIT, (), None)])
+        db.committed_with_writes()
+        return received[:-1]
     if len(planned) <= 1 or dialect_of(db) == 'sqlite':
         return [_received(receive, execute(made, params)) for made, params, receive in planned]
     text = ';\n'.join(made.mysql for made, _, _ in planned)

@@ -6,6 +6,7 @@ running web or worker processes.
 """
 
 import datetime
+import logging
 import os
 import threading
 import time
@@ -17,6 +18,7 @@ from pymysql.constants import CLIENT, SERVER_STATUS
 
 from . import admission, sql
 from .errors import ConfigError, StoreUnavailableError
+from .logs import log_event
 from .models import MODELS, database
 
 # Columns added to a table after it first shipped: (table, column, DDL valid on both dialects).
@@ -25,7 +27,22 @@ ADDED_COLUMNS = (
     ('ai_usage_log', 'cached', 'BOOLEAN NOT NULL DEFAULT 0'),  # the response cache (issue 21)
     ('ai_job', 'defer_count', 'INTEGER NOT NULL DEFAULT 0'),  # deferrals (lifecycle.defer)
     ('ai_usage_log', 'batch_id', 'VARCHAR(36) NULL'),  # provider batches (issue 22)
+    # the limits a create was held to, for the CHECK below (admission.py)
+    ('ai_user_admission', 'active_limit', 'INTEGER NOT NULL DEFAULT 0'),
+    ('ai_user_admission', 'daily_limit', 'INTEGER NOT NULL DEFAULT 0'),
 )
+# CHECK constraints that came later, MySQL/MariaDB only (SQLite cannot add one to a table):
+# (table, constraint name, condition), as in schema.sql.
+ADDED_CHECKS = (
+    (
+        'ai_user_admission',
+        'admission_within_limits',
+        '(active_limit = 0 OR active <= active_limit) '
+        'AND (daily_limit = 0 OR created_on_day <= daily_limit)',
+    ),
+)
+# MariaDB's error for a failed CHECK constraint (ER_CONSTRAINT_FAILED).
+CHECK_FAILED = 4025
 # Indexes that came later, likewise: (table, index name, columns).
 ADDED_INDEXES = (
     ('ai_job', 'ai_job_finished_at', 'finished_at'),
@@ -127,6 +144,9 @@ class _MySQL(_CountingMixin, PooledMySQLDatabase):
 
     def execute_sql(self, sql, params=None):
         conn = self.connection()
+        if getattr(conn, 'aijob_committed', False):
+            # autocommit would write it outside the transaction it was meant for
+            raise RuntimeError('the transaction committed with its last writes: nothing follows')
         if not getattr(conn, 'aijob_begin', False):
             return super().execute_sql(sql, params)
         conn.aijob_begin = False
@@ -136,15 +156,32 @@ class _MySQL(_CountingMixin, PooledMySQLDatabase):
             cursor.nextset()  # from BEGIN's answer to the statement's
         return cursor
 
+    # A transaction's COMMIT may go in the round trip of its last writes (sql.send with
+    # ``commit``): the connection is marked with ``aijob_committed`` until the transaction ends.
+    def committed_with_writes(self):
+        """sql.send's COMMIT ran: the transaction's own end sends nothing."""
+        COMMITS.add()
+        self.connection().aijob_committed = True
+
     def commit(self):
-        if self._nothing_sent():
+        if self._nothing_sent() or self._committed_already():
             return None
         return super().commit()
 
     def rollback(self):
         if self._nothing_sent():
             return None
+        if self._committed_already():  # a failure after the COMMIT: too late to undo
+            log_event('transaction.rollback_after_commit', logging.WARNING)
+            return None
         return super().rollback()
+
+    def _committed_already(self):
+        conn = None if self.is_closed() else self.connection()
+        if getattr(conn, 'aijob_committed', False):
+            conn.aijob_committed = False
+            return True
+        return False
 
     def _nothing_sent(self):
         """Did the transaction now ending send no statement (its BEGIN still waits)?"""
@@ -157,7 +194,7 @@ class _MySQL(_CountingMixin, PooledMySQLDatabase):
     def _can_reuse(self, conn):
         if not conn.open:
             return False
-        conn.aijob_begin = False
+        conn.aijob_begin = conn.aijob_committed = False
         if conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS:
             try:
                 conn.rollback()
@@ -237,6 +274,7 @@ class Store:
             database.initialize(self.db)
         self.dialect = sql.dialect_of(self.db)
         self._insert_returns = None
+        self._checks = {}  # (table, constraint) -> enforces_check's answer
 
     # -- transactions
     def atomic(self):
@@ -277,6 +315,25 @@ class Store:
                 self._insert_returns = 'mariadb' in str(version).lower()
         return self._insert_returns
 
+    def enforces_check(self, table, name):
+        """Does the database enforce CHECK constraint ``name`` of ``table``: MariaDB, the
+        constraint in place (``initdb`` adds it) and its checks on? MySQL is not asked (before
+        8.0.16 it ignores CHECK); its callers and SQLite's do without. Asked once per store."""
+        key = (table, name)
+        if key not in self._checks:
+            self._checks[key] = (
+                self.dialect == 'mysql'
+                and self.insert_returns()
+                and self.db.execute_sql(_CHECK_LISTED, (table, name)).fetchone() is not None
+                # read on its own: MariaDB answers 0 in a query of information_schema
+                and self.db.execute_sql('SELECT @@check_constraint_checks').fetchone()[0] == 1
+            )
+        return self._checks[key]
+
+    def is_check_failure(self, exc, name):
+        """Did ``exc`` come from CHECK constraint ``name`` refusing a row?"""
+        return _code(exc) == CHECK_FAILED and '`%s`' % name in str(exc)
+
     def ms_param(self, ms):
         """The parameter of a statement's ``{now_plus}``: the clock plus ``ms`` milliseconds."""
         if self.dialect == 'sqlite':
@@ -286,16 +343,15 @@ class Store:
     def is_unreachable(self, exc):
         """Did ``exc`` come from a store that cannot be reached right now (server down, network
         cut, connection dropped), so the same work may succeed later?"""
+        if _code(exc) == CHECK_FAILED:  # a row refused, the server answering
+            return False
         return isinstance(exc, (OperationalError, peewee.InterfaceError))
 
     def is_transient(self, exc):
         """A deadlock, lock wait timeout or busy database: the whole transaction may be retried."""
         if not isinstance(exc, OperationalError):
             return False
-        code = (
-            exc.orig.args[0] if getattr(exc, 'orig', None) is not None and exc.orig.args else None
-        )
-        return code in (1205, 1213) or 'database is locked' in str(exc)
+        return _code(exc) in (1205, 1213) or 'database is locked' in str(exc)
 
     def run_in_transaction(self, work, attempts=5):
         """Run ``work(tx)`` in a transaction, again on a deadlock (up to ``attempts`` times)."""
@@ -347,6 +403,12 @@ class Store:
         for table, name, columns in ADDED_INDEXES:
             if name not in {index.name for index in self.db.get_indexes(table)}:
                 self.db.execute_sql('CREATE INDEX %s ON %s (%s)' % (name, table, columns))
+        if self.dialect == 'mysql':
+            for table, name, condition in ADDED_CHECKS:
+                if not self.db.execute_sql(_CHECK_LISTED, (table, name)).fetchone():
+                    self.db.execute_sql(
+                        'ALTER TABLE %s ADD CONSTRAINT %s CHECK (%s)' % (table, name, condition)
+                    )
 
     def ping(self):
         """Raise StoreUnavailableError unless a trivial query answers."""
@@ -363,6 +425,18 @@ class Store:
             self.db.close_all()
         elif not self.db.is_closed():
             self.db.close()
+
+
+_CHECK_LISTED = (
+    'SELECT 1 FROM information_schema.TABLE_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = DATABASE() '
+    "AND TABLE_NAME = %s AND CONSTRAINT_NAME = %s AND CONSTRAINT_TYPE = 'CHECK'"
+)
+
+
+def _code(exc):
+    """The MySQL/MariaDB error number behind a peewee error, or None."""
+    orig = getattr(exc, 'orig', None)
+    return orig.args[0] if orig is not None and orig.args else None
 
 
 def db_now(ms=0):
