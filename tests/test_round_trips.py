@@ -225,3 +225,22 @@ def test_a_create_and_a_lock_cost_one_and_two_round_trips_on_mariadb(runtime, ba
     assert len(locked) == 3
     assert store.round_trip_count() - round_trips == 2
     assert AiJobEvent.select().where(AiJobEvent.kind == 'started').count() == 3
+
+
+@pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
+def test_an_answer_that_refuses_after_the_commit_ran_cannot_undo_it(runtime, backend, caplog):
+    """Misuse (an answer that refuses in the rows that carry the COMMIT): the server has
+    committed by then. The store knows it: the rollback that follows sends nothing and says so
+    in the log, and the connection goes on in step."""
+
+    def refuse(cursor):
+        raise ValueError('refused too late')
+
+    with pytest.raises(ValueError, match='refused too late'):
+        with runtime.store.atomic():
+            send([(INSERT_EVENT, ('rt-late',), refuse), (INSERT_EVENT, ('rt-late',), None)], True)
+    assert events_of('rt-late') == 2
+    assert 'transaction.rollback_after_commit' in caplog.text
+    with runtime.store.atomic():
+        send([(INSERT_EVENT, ('rt-late-next',), None)])
+    assert events_of('rt-late-next') == 1

@@ -165,12 +165,23 @@ def send(planned, commit=False):
     own COMMIT as done, and refuses any statement before the transaction's end. SQLite, in
     process, commits when the transaction ends, as without it."""
     db = database.obj
-    if commit and dialect_of(db) == 'mysql':
-        received = send(planned + [(_COMMIT, (), None)])
-        db.committed_with_writes()
-        return received[:-1]
-    if len(planned) <= 1 or dialect_of(db) == 'sqlite':
+    commit = commit and dialect_of(db) == 'mysql'
+    if dialect_of(db) == 'sqlite' or (len(planned) <= 1 and not commit):
         return [_received(receive, execute(made, params)) for made, params, receive in planned]
+    if commit:
+        planned = planned + [(_COMMIT, (), None)]
+    received, failure, every_statement_ran = _send_together(db, planned)
+    if commit and every_statement_ran:  # the server committed, whatever an answer said
+        db.committed_with_writes()
+    if failure is not None:
+        raise failure
+    return received[: len(planned) - commit]
+
+
+def _send_together(db, planned):
+    """``planned`` as one multi-statement query. Returns what the receives returned, the first
+    failure (of a statement or a receive; after it no answer is taken, but every result is
+    read) and whether every statement ran."""
     text = ';\n'.join(made.mysql for made, _, _ in planned)
     cursor = db.execute_sql(text, [value for _, params, _ in planned for value in params])
     db.count_statements(len(planned) - 1)  # one round trip, but every statement counts
@@ -180,16 +191,13 @@ def send(planned, commit=False):
             try:
                 _next_result(cursor)
             except Exception as exc:  # this statement failed: the server ran none after it
-                failure = failure or exc
-                break
+                return received, failure or exc, False
         if failure is None:
             try:
                 received.append(_received(receive, cursor))
             except Exception as exc:  # the rest are read all the same, their answers not taken
                 failure = exc
-    if failure is not None:
-        raise failure
-    return received
+    return received, failure, True
 
 
 def _received(receive, cursor):
