@@ -164,30 +164,25 @@ class _MySQL(_CountingMixin, PooledMySQLDatabase):
         self.connection().aijob_committed = True
 
     def commit(self):
-        if self._nothing_sent() or self._committed_already():
+        if self._ending('aijob_begin') or self._ending('aijob_committed'):
             return None
         return super().commit()
 
     def rollback(self):
-        if self._nothing_sent():
+        if self._ending('aijob_begin'):
             return None
-        if self._committed_already():  # a failure after the COMMIT: too late to undo
+        if self._ending('aijob_committed'):  # a failure after the COMMIT: too late to undo
             log_event('transaction.rollback_after_commit', logging.WARNING)
             return None
         return super().rollback()
 
-    def _committed_already(self):
+    def _ending(self, mark):
+        """Is the transaction now ending marked ``mark`` (``aijob_begin``: it sent nothing,
+        its BEGIN still waits; ``aijob_committed``: its COMMIT went with its last writes)?
+        The mark goes with it."""
         conn = None if self.is_closed() else self.connection()
-        if getattr(conn, 'aijob_committed', False):
-            conn.aijob_committed = False
-            return True
-        return False
-
-    def _nothing_sent(self):
-        """Did the transaction now ending send no statement (its BEGIN still waits)?"""
-        conn = None if self.is_closed() else self.connection()
-        if getattr(conn, 'aijob_begin', False):
-            conn.aijob_begin = False
+        if getattr(conn, mark, False):
+            setattr(conn, mark, False)
             return True
         return False
 
