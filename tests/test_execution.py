@@ -2,13 +2,15 @@
 terminal state by themselves, on both backend pairs."""
 
 import dataclasses
+import json
 import time
 
 import pytest
 
+from engine.core.logs import JsonFormatter
 from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiUsageLog
 from engine.execution.projectors import ProjectionResult, ResultProjector, store_json_artifact
-from engine.jobtypes.synthetic import synthetic_definition
+from engine.jobtypes.synthetic import SyntheticProvider, synthetic_definition
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import fast_registry, run_job, wait_terminal
 
@@ -98,6 +100,26 @@ def test_internal_errors_are_retried_at_most_once(engine_rt):
         'INTERNAL_ERROR',
         1,
     )
+
+
+def test_a_provider_that_raises_unexpectedly_is_logged_by_class_and_place_not_content(
+    engine_rt, monkeypatch, caplog
+):
+    """An exception no provider should raise becomes INTERNAL_PROVIDER_ERROR; the log says
+    which class and where (to find the bug), never its message (it may quote the input)."""
+
+    def broken(self, request, ctx):
+        raise RuntimeError('SECRET-%s' % request.input['secret'])
+
+    monkeypatch.setattr(SyntheticProvider, 'generate', broken)
+    engine_rt.start_background()
+    job = run_job(engine_rt, secret='from-the-input')
+    assert (job.lifecycle_status, job.error_code) == ('failed', 'INTERNAL_PROVIDER_ERROR')
+    records = [r for r in caplog.records if r.getMessage() == 'job.provider_internal_error']
+    logged = [json.loads(JsonFormatter().format(record)) for record in records]
+    assert logged and logged[0]['error_type'] == 'RuntimeError'
+    assert any('test_execution.py' in frame and 'broken' in frame for frame in logged[0]['stack'])
+    assert 'SECRET' not in json.dumps(logged) and 'from-the-input' not in json.dumps(logged)
 
 
 def test_validation_errors_are_retried(engine_rt):

@@ -412,6 +412,10 @@ class ExecutionEngine:
             except (AiJobError, JobDeferred):
                 raise
             except Exception as exc:  # a provider bug must not kill the worker
+                # its type and frames, never its message (logs.JsonFormatter): to find the bug
+                log_event(
+                    'job.provider_internal_error', logging.WARNING, exc_info=exc, job_id=a.job.id
+                )
                 raise InternalJobError(
                     'provider raised %s' % exc.__class__.__name__, code='INTERNAL_PROVIDER_ERROR'
                 ) from exc
