@@ -176,6 +176,7 @@ def test_limits_hold_with_the_constraint_and_without_it_until_initdb_adds_it(mak
     runtime = make_runtime(AIJOB_MAX_ACTIVE_JOBS_PER_USER='2')
     store = runtime.store
     with store.connection():
+        schema_sql_clause = check_clause(store)  # as schema.sql made it
         store.db.execute_sql(
             'ALTER TABLE ai_user_admission DROP CONSTRAINT admission_within_limits'
         )
@@ -189,6 +190,7 @@ def test_limits_hold_with_the_constraint_and_without_it_until_initdb_adds_it(mak
         assert counters() == counted() == (2, 2)
 
         store.create_schema()  # initdb
+        assert check_clause(store) == schema_sql_clause  # the upgrade adds the same condition
         store._checks.clear()
         assert store.enforces_check('ai_user_admission', 'admission_within_limits')
         with pytest.raises(Exception) as raised:
@@ -198,3 +200,11 @@ def test_limits_hold_with_the_constraint_and_without_it_until_initdb_adds_it(mak
         runtime.lifecycle.mark_cancelled(AiJob.select().first().id)
         create_job(runtime, input={'i': 5})
         assert counters() == counted() == (2, 3)
+
+
+def check_clause(store):
+    """The condition of admission_within_limits as the database holds it."""
+    return store.db.execute_sql(
+        'SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS '
+        "WHERE CONSTRAINT_SCHEMA = DATABASE() AND CONSTRAINT_NAME = 'admission_within_limits'"
+    ).fetchone()[0]

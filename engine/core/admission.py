@@ -44,6 +44,10 @@ ADMIT = Statement(_ADMIT_MYSQL)  # MySQL, which has no INSERT … RETURNING: rea
 # is the refusal (an error, changing nothing) and has no answer to read. Parameters: the user,
 # the job, the active limit, the daily limit.
 LIMITS_CHECK = 'admission_within_limits'
+LIMITS_CONDITION = (  # as in schema.sql; initdb adds it to a table from before it (store.py)
+    '(active_limit = 0 OR active <= active_limit) '
+    'AND (daily_limit = 0 OR created_on_day <= daily_limit)'
+)
 ADMIT_CHECKED = Statement(
     'INSERT INTO ai_user_admission '
     '(user_id, active, day, created_on_day, last_job_id, active_limit, daily_limit) '
@@ -90,9 +94,19 @@ def count_create(store, user_id, job_id, max_active=0, daily_quota=0):
     transaction's other writes (sql.write_row): at once, or at the end of the enclosing
     ``rows_together()`` block, which is then where the refusal comes from (NotAdmitted, or
     where the limits are a CHECK constraint, the statement's error)."""
+    planned = _plan_count(store, user_id, job_id, max_active, daily_quota)
+    try:
+        # Each create's count is a statement of its own (a refusal must not change the others).
+        write_row(('admit', job_id), None, lambda rows: planned)
+    except Exception as exc:  # sent at once: the constraint's refusal is this create's
+        if store.is_check_failure(exc, LIMITS_CHECK):
+            raise NotAdmitted(user_id) from None
+        raise
+
+
+def _plan_count(store, user_id, job_id, max_active, daily_quota):
     if refuses_by_error(store):
-        _count_checked(store, user_id, job_id, max_active, daily_quota)
-        return
+        return [(ADMIT_CHECKED, (user_id, job_id, max_active, daily_quota), None)]
     params = (user_id, job_id, max_active, max_active, daily_quota, daily_quota)
 
     def counted(cursor):
@@ -101,21 +115,8 @@ def count_create(store, user_id, job_id, max_active=0, daily_quota=0):
             raise NotAdmitted(user_id)
 
     if store.insert_returns():
-        planned = [(ADMIT_RETURNING, params, counted)]
-    else:
-        planned = [(ADMIT, params, None), (LAST_ADMITTED, (user_id,), counted)]
-    # Each create's count is a statement of its own (a refusal must not change the others).
-    write_row(('admit', job_id), None, lambda rows: planned)
-
-
-def _count_checked(store, user_id, job_id, max_active, daily_quota):
-    params = (user_id, job_id, max_active, daily_quota)
-    try:
-        write_row(('admit', job_id), None, lambda rows: [(ADMIT_CHECKED, params, None)])
-    except Exception as exc:  # sent at once: the constraint's refusal is this create's
-        if store.is_check_failure(exc, LIMITS_CHECK):
-            raise NotAdmitted(user_id) from None
-        raise
+        return [(ADMIT_RETURNING, params, counted)]
+    return [(ADMIT, params, None), (LAST_ADMITTED, (user_id,), counted)]
 
 
 def release(store, job_ids):

@@ -146,7 +146,7 @@ def rows_together(ends_transaction=False):
         _together.rows = None
 
 
-_COMMIT = Statement('COMMIT')
+_COMMITTING = (Statement('COMMIT'), (), None)  # planned last by send(…, commit=True)
 
 
 def send(planned, commit=False):
@@ -165,17 +165,19 @@ def send(planned, commit=False):
     own COMMIT as done, and refuses any statement before the transaction's end. SQLite, in
     process, commits when the transaction ends, as without it."""
     db = database.obj
-    commit = commit and dialect_of(db) == 'mysql'
     if dialect_of(db) == 'sqlite' or (len(planned) <= 1 and not commit):
         return [_received(receive, execute(made, params)) for made, params, receive in planned]
-    if commit:
-        planned = planned + [(_COMMIT, (), None)]
-    received, failure, every_statement_ran = _send_together(db, planned)
-    if commit and every_statement_ran:  # the server committed, whatever an answer said
-        db.committed_with_writes()
+    if not commit:
+        received, failure, _ = _send_together(db, planned)
+    else:
+        received, failure, every_statement_ran = _send_together(db, planned + [_COMMITTING])
+        if every_statement_ran:  # the server committed, whatever an answer said
+            db.committed_with_writes()
+        if failure is None:
+            received.pop()  # the COMMIT's (None)
     if failure is not None:
         raise failure
-    return received[: len(planned) - commit]
+    return received
 
 
 def _send_together(db, planned):

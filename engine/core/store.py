@@ -33,14 +33,7 @@ ADDED_COLUMNS = (
 )
 # CHECK constraints that came later, MySQL/MariaDB only (SQLite cannot add one to a table):
 # (table, constraint name, condition), as in schema.sql.
-ADDED_CHECKS = (
-    (
-        'ai_user_admission',
-        'admission_within_limits',
-        '(active_limit = 0 OR active <= active_limit) '
-        'AND (daily_limit = 0 OR created_on_day <= daily_limit)',
-    ),
-)
+ADDED_CHECKS = (('ai_user_admission', admission.LIMITS_CHECK, admission.LIMITS_CONDITION),)
 # MariaDB's error for a failed CHECK constraint (ER_CONSTRAINT_FAILED).
 CHECK_FAILED = 4025
 # Indexes that came later, likewise: (table, index name, columns).
