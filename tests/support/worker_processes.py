@@ -1,6 +1,8 @@
 """Real ``python aijob.py worker`` processes for the tests that need more than one process
 (leader election, cooldowns, budgets, rate limits, the response cache): ``Worker`` and the
-``spawn`` fixture, which closes every worker it started."""
+``spawn`` fixture, which closes every worker it started. When such a test fails, the fixture
+prints what its workers logged above INFO (a CI run keeps no log file, and a failure there is
+often one only these lines explain)."""
 
 import json
 import os
@@ -72,8 +74,35 @@ class Worker:
         self.log.close()
 
 
+NOTABLE_LINES = 60  # per worker, printed when its test failed
+
+
+def notable_lines(path):
+    """The lines of a worker's log worth reading after a failure: events above INFO, and
+    anything that is not a JSON event (a traceback)."""
+    lines = []
+    for line in path.read_text(errors='replace').splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            lines.append(line)
+            continue
+        if isinstance(event, dict) and event.get('level') not in ('info', 'debug'):
+            lines.append(line)
+    return lines
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Marks a test whose call failed (``item.aijob_failed``), for ``spawn``'s teardown."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == 'call' and report.failed:
+        item.aijob_failed = True
+
+
 @pytest.fixture
-def spawn(tmp_path):
+def spawn(tmp_path, request):
     started = []
 
     def start(env):
@@ -83,3 +112,8 @@ def spawn(tmp_path):
     yield start
     for worker in started:
         worker.close()
+    if getattr(request.node, 'aijob_failed', False):
+        for worker in started:
+            lines = notable_lines(worker.log_path)
+            print('worker %d, %d notable log lines:' % (worker.proc.pid, len(lines)))
+            print('\n'.join(lines[-NOTABLE_LINES:]))
