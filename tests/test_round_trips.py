@@ -9,7 +9,7 @@ import peewee
 import pytest
 
 from engine.core.history import NewEvent, insert_events
-from engine.core.models import AiJobEvent, OutboxEvent
+from engine.core.models import AiJob, AiJobEvent, OutboxEvent
 from engine.core.sql import Statement, rows_together, send, write_row
 from tests.support.helpers import create_job
 
@@ -206,10 +206,10 @@ def test_nothing_may_follow_the_rows_that_carried_the_commit(runtime, backend):
 
 
 @pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
-def test_a_create_and_a_lock_cost_one_and_two_round_trips_on_mariadb(runtime, backend):
+def test_a_create_and_a_lock_cost_one_round_trip_each_on_mariadb(runtime, backend):
     """A create: BEGIN, the admission count, job, snapshot, outbox and history rows, COMMIT in
     one round trip (a refused count is the CHECK constraint's error, nothing read back). A
-    batch's lock: BEGIN, the CAS UPDATE and its read; the history rows and COMMIT."""
+    batch's lock: BEGIN, the CAS UPDATE, its history rows, its read and COMMIT, also one."""
     store = runtime.store
     assert store.enforces_check('ai_user_admission', 'admission_within_limits')
     runtime.service.dispatch_now = None  # the push to Redis is no round trip to the database
@@ -223,8 +223,40 @@ def test_a_create_and_a_lock_cost_one_and_two_round_trips_on_mariadb(runtime, ba
     round_trips = store.round_trip_count()
     locked = runtime.lifecycle.lock_jobs([job.id for job in jobs], 'worker-rt')
     assert len(locked) == 3
-    assert store.round_trip_count() - round_trips == 2
+    assert store.round_trip_count() - round_trips == 1
     assert AiJobEvent.select().where(AiJobEvent.kind == 'started').count() == 3
+
+
+def lock_history(job_ids):
+    """(job id, kind, attempt, worker) of the lock rows of ``job_ids``' histories, in order."""
+    rows = (
+        AiJobEvent.select()
+        .where(AiJobEvent.job_id.in_(job_ids), AiJobEvent.kind.in_(['started', 'taken_over']))
+        .order_by(AiJobEvent.id)
+    )
+    return [(e.job_id, e.kind, e.attempt_no, e.detail['worker']) for e in rows]
+
+
+def test_a_batch_lock_writes_the_history_of_exactly_the_rows_it_took(runtime):
+    """The lock's history rows are written by the database beside the UPDATE (MariaDB/MySQL):
+    one per row this lock took, none for a row the same instance already held, none when it
+    took nothing, and ``taken_over`` with the new holder for a lock taken from an expired one."""
+    lifecycle = runtime.lifecycle
+    a, b, c = (create_job(runtime, input={'n': n}).id for n in range(3))
+    assert sorted(job.id for job, _ in lifecycle.lock_jobs([a, b], 'worker-x')) == sorted([a, b])
+    # a and b are this instance's already: only c is taken, and only c gets a row
+    assert [job.id for job, _ in lifecycle.lock_jobs([a, b, c], 'worker-x')] == [c]
+    assert lifecycle.lock_jobs([a, c], 'worker-x') == []  # took nothing: wrote nothing
+    history = lock_history([a, b, c])
+    assert sorted(history[:2]) == sorted(
+        [(a, 'started', 1, 'worker-x'), (b, 'started', 1, 'worker-x')]
+    )
+    assert history[2:] == [(c, 'started', 1, 'worker-x')]
+    # a's holder stalls: its lock expires, and another worker takes the job over
+    AiJob.update(lock_until=runtime.store.now_plus_ms(-1000)).where(AiJob.id == a).execute()
+    taken = lifecycle.lock_jobs([a, b], 'worker-y')
+    assert [(job.id, job.attempt_no) for job, _ in taken] == [(a, 2)]
+    assert lock_history([a]) == [(a, 'started', 1, 'worker-x'), (a, 'taken_over', 2, 'worker-y')]
 
 
 @pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)

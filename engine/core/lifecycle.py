@@ -30,7 +30,6 @@ from .sql import (
     insert_row,
     job_from_row,
     placeholders,
-    rows_together,
     send,
     statement,
     write_row,
@@ -146,6 +145,18 @@ _SELECT_LOCKED = (
     'LEFT JOIN ai_job_snapshot s ON s.job_id = j.id '
     "WHERE j.id IN (%%s) AND j.locked_by = %%%%s AND j.lifecycle_status = 'running'"
     % ', '.join('j.' + name for name in RUN_COLUMNS)
+)
+# The history rows of a batch lock, written by the database in the lock's own round trip: one
+# per row the UPDATE just before it changed (``ROW_COUNT()`` is that UPDATE's count, so a lock
+# that took nothing writes nothing), told from rows this instance held before by their lock
+# time, as lock_jobs tells them (``started`` for a first attempt, ``taken_over`` after).
+_INSERT_LOCK_EVENTS = (
+    'INSERT INTO ai_job_event (job_id, kind, attempt_no, detail, created_at) '
+    "SELECT j.id, CASE WHEN j.attempt_no = 1 THEN '%s' ELSE '%s' END, j.attempt_no, %%%%s, "
+    '{now} FROM ai_job j WHERE ROW_COUNT() > 0 AND j.id IN (%%s) AND j.locked_by = %%%%s '
+    "AND j.lifecycle_status = 'running' AND j.locked_at = (SELECT MAX(h.locked_at) FROM ai_job h "
+    "WHERE h.id IN (%%s) AND h.locked_by = %%%%s AND h.lifecycle_status = 'running')"
+    % (history.STARTED, history.TAKEN_OVER)
 )
 _SELECT_SNAPSHOTS = 'SELECT job_id, content FROM ai_job_snapshot WHERE job_id IN (%s)'
 # Jobs one batch lock takes at most (a bound on its IN list).
@@ -353,17 +364,12 @@ class AiJobLifecycleRepository:
         if self.store.dialect == 'sqlite':
             locked = self._lock_returning(update, params, instance_id)
         else:
-            # In a transaction of its own, the history rows carry the COMMIT: the lock is two
-            # round trips (BEGIN, UPDATE and read; history rows and COMMIT).
+            # In a transaction of its own, the lock is one round trip: BEGIN, the UPDATE, its
+            # history rows, the read and the COMMIT.
             own = not self.store.in_transaction()
-
-            def write(tx):  # the locks and their history rows (one INSERT) commit together
-                locked = self._lock_then_read(update, params, ids, instance_id)
-                with rows_together(ends_transaction=own):
-                    insert_events(self.store, [lock_event(job, instance_id) for job, _ in locked])
-                return locked
-
-            locked = self._in_transaction(write)
+            locked = self._in_transaction(
+                lambda tx: self._lock_then_read(update, params, ids, instance_id, commit=own)
+            )
         order = {job_id: i for i, job_id in enumerate(ids)}
         return sorted(locked, key=lambda pair: order[pair[0].id])
 
@@ -395,19 +401,31 @@ class AiJobLifecycleRepository:
         )
         return [(job, content(snapshots.get(job.id))) for job in jobs]
 
-    def _lock_then_read(self, update, params, ids, instance_id):
-        """MariaDB/MySQL: the UPDATE and one read of the batch's rows this instance holds,
-        joined with their snapshots. A row this instance held before (a lock it still has, or
-        handed back, from an earlier attempt) is told from this lock's by ``locked_at``: the
-        database clock is read once per statement, so this lock's rows share one time, later
-        than any earlier statement's."""
-        select = statement(_SELECT_LOCKED % placeholders(len(ids)))
-        changed, rows = _update_and_read(statement(update), params, select, ids + [instance_id])
+    def _lock_then_read(self, update, params, ids, instance_id, commit=False):
+        """MariaDB/MySQL, in one round trip (sql.send, with the transaction's COMMIT when
+        ``commit``): the UPDATE, the history rows of the rows it changed, and one read of the
+        batch's rows this instance holds, joined with their snapshots. A row this instance held
+        before (a lock it still has, or handed back, from an earlier attempt) is told from this
+        lock's by ``locked_at``: the database clock is read once per statement, so this lock's
+        rows share one time, later than any earlier statement's."""
+        marks = placeholders(len(ids))
+        detail = AiJobEvent.detail.db_value({'worker': instance_id})
+        planned = [
+            (statement(update), params, _rowcount),
+            (
+                statement(_INSERT_LOCK_EVENTS % (marks, marks)),
+                [detail] + ids + [instance_id] + ids + [instance_id],
+                None,
+            ),
+            (statement(_SELECT_LOCKED % marks), ids + [instance_id], _fetchall),
+        ]
+        changed, _, rows = send(planned, commit=commit)
         if changed == 0:
             return []
         latest = max(row[-2] for row in rows)
         rows = [row for row in rows if row[-2] == latest]
         if len(rows) != changed:  # the clock went back: no row can be told for sure
+            # The jobs stay locked, unrun, until their locks expire and the reaper takes them.
             log_event('job.batch_lock_unclear', logging.WARNING, locked=changed, matched=len(rows))
             return []
         content = AiJobSnapshot.content.python_value
@@ -814,13 +832,15 @@ class AiJobLifecycleRepository:
 def _update_and_read(update, params, select, select_params):
     """An UPDATE and a read in one round trip (sql.send): the read goes whatever the UPDATE
     changed. Returns (rows the UPDATE changed, rows read)."""
-    return send(
-        [(update, params, _rowcount), (select, select_params, lambda cursor: cursor.fetchall())]
-    )
+    return send([(update, params, _rowcount), (select, select_params, _fetchall)])
 
 
 def _rowcount(cursor):
     return cursor.rowcount
+
+
+def _fetchall(cursor):
+    return cursor.fetchall()
 
 
 class _Refused(Exception):
