@@ -8,7 +8,10 @@ import threading
 import peewee
 import pytest
 
+from engine.core.errors import JobLockConflictError
+from engine.core.groupcommit import GroupCommit
 from engine.core.history import NewEvent, insert_events
+from engine.core.lifecycle import Fence
 from engine.core.models import AiJob, AiJobEvent, OutboxEvent
 from engine.core.sql import Statement, rows_together, send, write_row
 from tests.support.helpers import create_job
@@ -276,3 +279,34 @@ def test_an_answer_that_refuses_after_the_commit_ran_cannot_undo_it(runtime, bac
     with runtime.store.atomic():
         send([(INSERT_EVENT, ('rt-late-next',), None)])
     assert events_of('rt-late-next') == 1
+
+
+@pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
+def test_a_finish_carries_its_commit_on_mariadb_and_a_refused_one_commits_nothing(runtime, backend):
+    """A worker's group of finishes on MariaDB: BEGIN, the fenced UPDATE, its guard (a refusal
+    is the server's error), the rows and the COMMIT in one round trip. A refused finish stops
+    the server before the COMMIT: none of its rows stay, and the group's other finish commits
+    when the group runs again, each job on its own."""
+    store, lifecycle = runtime.store, runtime.lifecycle
+    assert store.guards_row_counts()
+    a, b, c = (create_job(runtime, input={'n': n}).id for n in range(3))
+    lifecycle.lock_jobs([a, b, c], 'worker-f')
+    held, stranger = Fence('worker-f', 1), Fence('worker-stranger', 1)
+    group = GroupCommit(store, commit_with_rows=store.guards_row_counts)
+
+    def finish(job_id, fence):
+        return lambda tx: lifecycle.mark_succeeded(job_id, fence=fence)
+
+    round_trips = store.round_trip_count()
+    assert group.run([finish(a, held)]) == [None]
+    assert store.round_trip_count() - round_trips == 1
+    outcomes = group.run([finish(b, stranger), finish(c, held)])
+    assert isinstance(outcomes[0], JobLockConflictError) and outcomes[1] is None
+    statuses = {job.id: job.lifecycle_status for job in AiJob.select()}
+    assert (statuses[a], statuses[b], statuses[c]) == ('succeeded', 'running', 'succeeded')
+    assert [e.kind for e in AiJobEvent.select().where(AiJobEvent.job_id == b)][-1] == 'started'
+    assert (
+        not OutboxEvent.select()
+        .where(OutboxEvent.aggregate_id == b, OutboxEvent.event_type == 'ai.job.succeeded')
+        .exists()
+    )

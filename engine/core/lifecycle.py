@@ -159,6 +159,13 @@ _INSERT_LOCK_EVENTS = (
     % (history.STARTED, history.TAKEN_OVER)
 )
 _SELECT_SNAPSHOTS = 'SELECT job_id, content FROM ai_job_snapshot WHERE job_id IN (%s)'
+# MariaDB (Store.guards_row_counts), right after a terminal UPDATE: its refusal (fewer rows
+# changed than its jobs) as an error of the server's, which stops the statements after it and
+# the COMMIT that may end them, as the UPDATE's receive (_check_finished) would have.
+_REFUSE_SHORT_FINISH = Statement(
+    'BEGIN NOT ATOMIC IF ROW_COUNT() < %s THEN '
+    "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'aijob: terminal write refused'; END IF; END"
+)
 # Jobs one batch lock takes at most (a bound on its IN list).
 LOCK_BATCH = 100
 _ATTEMPT = RUN_COLUMNS.index('attempt_no')
@@ -785,7 +792,9 @@ class AiJobLifecycleRepository:
         """The terminal UPDATEs of ``finishes`` (job id, values, fence parameters) of one
         ``shape``, FINISH_BATCH per statement, each with its jobs' admission counters (in the
         same statement for one job on MySQL, else one UPDATE after it), planned for sql.send;
-        each raises unless it matched every job of its chunk (_Refused for a lone job)."""
+        each raises unless it matched every job of its chunk (_Refused for a lone job), and on
+        MariaDB is followed by _REFUSE_SHORT_FINISH, so that the server stops there too and a
+        COMMIT sent with these rows never runs after a refusal."""
         to_status, columns, fence_sql, extra_condition = shape
         planned = []
         for start in range(0, len(finishes), FINISH_BATCH):
@@ -800,6 +809,8 @@ class AiJobLifecycleRepository:
                 params += (job_id,) + fence_params
             check = functools.partial(_check_finished, [job_id for job_id, _, _ in chunk])
             planned.append((update, params, check))
+            if self.store.guards_row_counts():
+                planned.append((_REFUSE_SHORT_FINISH, (len(chunk),), None))
             if not releasing:
                 # Sent even when the UPDATE fell short: that fails, and rolls back, the group.
                 planned += admission.plan_release(self.store, [job_id for job_id, _, _ in chunk])

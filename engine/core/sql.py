@@ -131,7 +131,8 @@ def rows_together(ends_transaction=False):
 
     ``ends_transaction``: nothing follows the block's writes in its transaction, which the
     caller began and will commit: on MariaDB/MySQL the COMMIT goes in their round trip
-    (``send(…, commit=True)``), so none of their receives may refuse."""
+    (``send(…, commit=True)``), so none of their receives may refuse unless a statement of
+    theirs fails first on the same condition (lifecycle's guard of a terminal UPDATE)."""
     if getattr(_together, 'rows', None) is not None:
         yield
         return

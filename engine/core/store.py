@@ -36,6 +36,9 @@ ADDED_COLUMNS = (
 ADDED_CHECKS = (('ai_user_admission', admission.LIMITS_CHECK, admission.LIMITS_CONDITION),)
 # MariaDB's error for a failed CHECK constraint (ER_CONSTRAINT_FAILED).
 CHECK_FAILED = 4025
+# SIGNAL's error: a statement of ours refusing its transaction (lifecycle's guard of a terminal
+# UPDATE), the server answering.
+SIGNALLED = 1644
 # Indexes that came later, likewise: (table, index name, columns).
 ADDED_INDEXES = (
     ('ai_job', 'ai_job_finished_at', 'finished_at'),
@@ -318,6 +321,13 @@ class Store:
             )
         return self._checks[key]
 
+    def guards_row_counts(self):
+        """Can one statement refuse its transaction when the UPDATE just before it changed too
+        few rows (an anonymous block that SIGNALs on ``ROW_COUNT()``)? MariaDB can; MySQL runs
+        no block outside a stored program, and SQLite, in process, needs none. Where it can, a
+        transaction whose refusal was a row count read back may send its COMMIT with its rows."""
+        return self.dialect == 'mysql' and self.insert_returns()
+
     def is_check_failure(self, exc, name):
         """Did ``exc`` come from CHECK constraint ``name`` refusing a row?"""
         return _code(exc) == CHECK_FAILED and '`%s`' % name in str(exc)
@@ -331,7 +341,7 @@ class Store:
     def is_unreachable(self, exc):
         """Did ``exc`` come from a store that cannot be reached right now (server down, network
         cut, connection dropped), so the same work may succeed later?"""
-        if _code(exc) == CHECK_FAILED:  # a row refused, the server answering
+        if _code(exc) in (CHECK_FAILED, SIGNALLED):  # a row refused, the server answering
             return False
         return isinstance(exc, (OperationalError, peewee.InterfaceError))
 

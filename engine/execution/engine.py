@@ -113,7 +113,9 @@ class ExecutionEngine:
         self.ai = runtime.ai
         self.instance_id = instance_id
         self.lock_ttl_ms = runtime.config.lock_ttl_ms
-        self.group_commit = GroupCommit(self.store)
+        # Where a terminal UPDATE's refusal is the server's error (Store.guards_row_counts), a
+        # group's writes carry its COMMIT: one round trip for the whole finish.
+        self.group_commit = GroupCommit(self.store, commit_with_rows=self.store.guards_row_counts)
         # Pushes deferred jobs' wake-ups at their time (dispatch.wake.Waker, set by the Worker);
         # without one the leader's dispatcher pushes them from the outbox when they are due.
         self.waker = None
