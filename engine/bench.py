@@ -25,6 +25,7 @@ misses: it claims its key and writes its entry). What the guards cost, and nothi
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -74,6 +75,7 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False)
         with runtime.store.connection():
             runtime.budgets.put(*GATEWAY_BUDGET)
         job_type = 'synthetic_cached'
+    _exit_on_sigterm()
     worker = _start_worker(runtime)
     db_cpu = _DatabaseCpu(runtime)
     try:
@@ -261,6 +263,19 @@ class _DatabaseCpu:
 
 
 # ---------------------------------------------------------------- the worker
+def _exit_on_sigterm():
+    """A bench told to stop (SIGTERM) exits through its ``finally``, which stops its worker
+    process: killed outright, it would leave the worker running, and that worker would take a
+    share of the next bench's jobs on the same backends. Only the main thread may set it."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def _start_worker(runtime):
     if runtime.config.uses_redis:
         return _WorkerProcess(runtime)
@@ -307,8 +322,13 @@ class _WorkerProcess:
             self.process.pid,
             runtime.config.interactive_concurrency,
         )
-        print('worker: %s' % self.description)
-        self._wait_ready()
+        print('worker: %s' % self.description, flush=True)
+        try:
+            self._wait_ready()
+        except BaseException:  # told to stop while it starts: it must not outlive the bench
+            self.process.kill()
+            self.process.wait(10)
+            raise
         self.startup_cpu_ms = _proc_cpu_ms(self.process.pid) or 0.0
         self.stopped = None
 

@@ -5,8 +5,10 @@ own, so that it does not disturb the rest of the suite."""
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from urllib.parse import urlsplit, urlunsplit
 
 import pymysql
@@ -114,3 +116,46 @@ def test_bench_with_concurrency_and_sleeping_jobs_on_mysql_and_redis(mysql_redis
     assert_figures(figures)
     assert 'interactive_concurrency: 4' in out
     assert 'worker: process' in out and '4 interactive threads' in out
+
+
+def test_a_bench_told_to_stop_stops_its_worker_process(mysql_redis):
+    """SIGTERM to the bench (a benchmark script timing out, an operator's kill): its worker
+    process stops with it, so no orphan takes a share of the next bench's jobs."""
+    environ = dict(os.environ, **mysql_redis)
+    bench = subprocess.Popen(
+        [sys.executable, 'aijob.py', 'bench', '--jobs', '100000', '--rate', '20'],
+        cwd=ROOT,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        line = ''
+        while not line.startswith('worker: process'):
+            line = bench.stdout.readline()
+            assert line, 'the bench ended before its worker started'
+        worker_pid = int(line.split()[2].rstrip(','))
+        time.sleep(0.5)  # creating jobs
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(60) == 128 + signal.SIGTERM
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(10)
+    deadline = time.monotonic() + 10
+    while is_running(worker_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphaned = is_running(worker_pid)
+    if orphaned:  # this test's failure, not the next test's trouble
+        os.kill(worker_pid, signal.SIGKILL)
+    assert not orphaned
+
+
+def is_running(pid):
+    """Is process ``pid`` alive (a zombie, dead but not yet reaped, counts as gone)?"""
+    try:
+        with open('/proc/%d/stat' % pid) as stat:
+            return stat.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except FileNotFoundError:
+        return False
