@@ -127,15 +127,19 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False)
 
 
 def _create(runtime, jobs, rate, sleep_ms, job_type='synthetic'):
+    """``jobs`` jobs from CREATORS threads; a bench told to stop (an exception in this thread,
+    such as _exit_on_sigterm's) stops them first, so none creates on without the bench."""
     ids = [None] * jobs
     started = time.monotonic()
     job_input = {'sleepMs': int(sleep_ms)} if sleep_ms else {}
+    stop = threading.Event()
 
     def creator(offset):
         with runtime.store.connection():
             for i in range(offset, jobs, CREATORS):
-                if rate:
-                    time.sleep(max(0.0, started + i / rate - time.monotonic()))
+                delay = started + i / rate - time.monotonic() if rate else 0
+                if stop.wait(delay) if delay > 0 else stop.is_set():
+                    return
                 request = CreateJobInput(
                     user_id='bench-%d' % i,
                     job_type=job_type,
@@ -148,8 +152,14 @@ def _create(runtime, jobs, rate, sleep_ms, job_type='synthetic'):
     threads = [threading.Thread(target=creator, args=(n,)) for n in range(CREATORS)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        raise
     return ids
 
 

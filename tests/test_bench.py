@@ -119,9 +119,11 @@ def test_bench_with_concurrency_and_sleeping_jobs_on_mysql_and_redis(mysql_redis
 
 
 def test_a_bench_told_to_stop_stops_its_worker_process(mysql_redis):
-    """SIGTERM to the bench (a benchmark script timing out, an operator's kill): its worker
-    process stops with it, so no orphan takes a share of the next bench's jobs."""
+    """SIGTERM to the bench (a benchmark script timing out, an operator's kill) while it
+    creates jobs: it exits, its creating threads and its worker process with it, so no orphan
+    takes a share of the next bench's jobs and no job is created after it."""
     environ = dict(os.environ, **mysql_redis)
+    jobs_before = count_jobs(mysql_redis)
     bench = subprocess.Popen(
         [sys.executable, 'aijob.py', 'bench', '--jobs', '100000', '--rate', '20'],
         cwd=ROOT,
@@ -130,26 +132,59 @@ def test_a_bench_told_to_stop_stops_its_worker_process(mysql_redis):
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    worker_pid, orphaned = None, False
     try:
         line = ''
         while not line.startswith('worker: process'):
             line = bench.stdout.readline()
             assert line, 'the bench ended before its worker started'
         worker_pid = int(line.split()[2].rstrip(','))
-        time.sleep(0.5)  # creating jobs
+        deadline = time.monotonic() + 30
+        while count_jobs(mysql_redis) <= jobs_before + 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert count_jobs(mysql_redis) > jobs_before + 2, 'the bench never began creating'
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(60) == 128 + signal.SIGTERM
+        created = count_jobs(mysql_redis)
+        time.sleep(0.5)  # 10 more jobs at 20/s, had a creating thread outlived the bench
+        assert count_jobs(mysql_redis) == created
     finally:
         if bench.poll() is None:
             bench.kill()
             bench.wait(10)
-    deadline = time.monotonic() + 10
-    while is_running(worker_pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    orphaned = is_running(worker_pid)
-    if orphaned:  # this test's failure, not the next test's trouble
-        os.kill(worker_pid, signal.SIGKILL)
+        if worker_pid is not None:  # however the test ends, no worker outlives it
+            deadline = time.monotonic() + 10
+            while is_running(worker_pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            orphaned = is_running(worker_pid)
+            if orphaned:
+                os.kill(worker_pid, signal.SIGKILL)
     assert not orphaned
+
+
+def count_jobs(env):
+    """Jobs in the bench's database (0 before its first run made the table)."""
+    url = urlsplit(env['AIJOB_DATABASE_URL'])
+    conn = pymysql.connect(
+        host=url.hostname,
+        port=url.port or 3306,
+        user=url.username or 'root',
+        password=url.password or '',
+        database=url.path.lstrip('/'),
+        autocommit=True,
+    )
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(
+                'SELECT COUNT(*) FROM information_schema.TABLES '
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'ai_job'"
+            )
+            if not cursor.fetchone()[0]:
+                return 0
+            cursor.execute('SELECT COUNT(*) FROM ai_job')
+            return cursor.fetchone()[0]
+    finally:
+        conn.close()
 
 
 def is_running(pid):
