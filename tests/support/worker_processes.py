@@ -18,18 +18,20 @@ from tests.support.helpers import wait_until
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def log_events(path, name):
-    """The ``name`` events of a process's JSON log file, in order (a line that is no JSON, such
-    as a traceback, is passed over)."""
-    found = []
-    for line in path.read_text().splitlines():
+def log_lines(path):
+    """(line, event) for each line of a process's JSON log file, in order; ``event`` is None
+    for a line that is no JSON event, such as a traceback's."""
+    for line in path.read_text(errors='replace').splitlines():
         try:
             event = json.loads(line)
         except ValueError:
-            continue
-        if event.get('event') == name:
-            found.append(event)
-    return found
+            event = None
+        yield line, event if isinstance(event, dict) else None
+
+
+def log_events(path, name):
+    """The ``name`` events of a process's JSON log file, in order."""
+    return [event for _, event in log_lines(path) if event and event.get('event') == name]
 
 
 class Worker:
@@ -80,16 +82,11 @@ NOTABLE_LINES = 60  # per worker, printed when its test failed
 def notable_lines(path):
     """The lines of a worker's log worth reading after a failure: events above INFO, and
     anything that is not a JSON event (a traceback)."""
-    lines = []
-    for line in path.read_text(errors='replace').splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            lines.append(line)
-            continue
-        if isinstance(event, dict) and event.get('level') not in ('info', 'debug'):
-            lines.append(line)
-    return lines
+    return [
+        line
+        for line, event in log_lines(path)
+        if event is None or event.get('level') not in ('info', 'debug')
+    ]
 
 
 @pytest.hookimpl(hookwrapper=True)
