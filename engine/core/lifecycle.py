@@ -796,6 +796,7 @@ class AiJobLifecycleRepository:
         MariaDB is followed by _REFUSE_SHORT_FINISH, so that the server stops there too and a
         COMMIT sent with these rows never runs after a refusal."""
         to_status, columns, fence_sql, extra_condition = shape
+        guarded = self.store.guards_row_counts()
         planned = []
         for start in range(0, len(finishes), FINISH_BATCH):
             chunk = finishes[start : start + FINISH_BATCH]
@@ -809,7 +810,7 @@ class AiJobLifecycleRepository:
                 params += (job_id,) + fence_params
             check = functools.partial(_check_finished, [job_id for job_id, _, _ in chunk])
             planned.append((update, params, check))
-            if self.store.guards_row_counts():
+            if guarded:
                 planned.append((_REFUSE_SHORT_FINISH, (len(chunk),), None))
             if not releasing:
                 # Sent even when the UPDATE fell short: that fails, and rolls back, the group.

@@ -162,7 +162,9 @@ def send(planned, commit=False):
     a failing statement stops the server before it, so the caller's rollback undoes the
     transaction as ever. Only for a transaction that has nothing left to send, whose receives
     never refuse (the COMMIT has run by the time they read their results): refusals must be
-    errors of the statements themselves, such as a CHECK constraint. The store then takes its
+    errors of the statements themselves, such as a CHECK constraint, or a receive's refusal
+    must come with a statement that fails on the same condition (lifecycle's guard of a
+    terminal UPDATE), which stops the server before the COMMIT. The store then takes its
     own COMMIT as done, and refuses any statement before the transaction's end. SQLite, in
     process, commits when the transaction ends, as without it."""
     db = database.obj
