@@ -21,9 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from engine.core.config import Config  # noqa: E402
-from engine.core.groupcommit import GroupCommit  # noqa: E402
 from engine.core.lifecycle import Fence  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
+from engine.execution.engine import ExecutionEngine  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
 WORKER = 'worker-bench'
@@ -63,8 +63,7 @@ def main():
     runtime.create_schema()
     runtime.service.dispatch_now = None  # no push: the worker's side only
     store, lifecycle = runtime.store, runtime.lifecycle
-    # As the worker's engine makes it (engine/execution/engine.py).
-    finishes = GroupCommit(store, commit_with_rows=store.guards_row_counts)
+    finishes = ExecutionEngine(runtime, WORKER).group_commit  # the worker's own
     lock, finish, select = Meter(store), Meter(store), Meter(store)
     with store.connection():
         ids = [

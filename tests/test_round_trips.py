@@ -9,11 +9,11 @@ import peewee
 import pytest
 
 from engine.core.errors import JobLockConflictError
-from engine.core.groupcommit import GroupCommit
 from engine.core.history import NewEvent, insert_events
 from engine.core.lifecycle import Fence
 from engine.core.models import AiJob, AiJobEvent, OutboxEvent
 from engine.core.sql import Statement, rows_together, send, write_row
+from engine.execution.engine import ExecutionEngine
 from tests.support.helpers import create_job
 
 INSERT_EVENT = Statement(
@@ -292,7 +292,7 @@ def test_a_finish_carries_its_commit_on_mariadb_and_a_refused_one_commits_nothin
     a, b, c = (create_job(runtime, input={'n': n}).id for n in range(3))
     lifecycle.lock_jobs([a, b, c], 'worker-f')
     held, stranger = Fence('worker-f', 1), Fence('worker-stranger', 1)
-    group = GroupCommit(store, commit_with_rows=store.guards_row_counts)
+    group = ExecutionEngine(runtime, 'worker-f').group_commit  # as the worker commits them
 
     def finish(job_id, fence):
         return lambda tx: lifecycle.mark_succeeded(job_id, fence=fence)
