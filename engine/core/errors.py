@@ -169,6 +169,16 @@ class IllegalTransitionError(AiJobError):
         self.job_id, self.from_status, self.to_status = job_id, from_status, to_status
 
 
+class FinishWrittenError(IllegalTransitionError):
+    """A fenced terminal write found its job already in that status, written by that same
+    fence: an earlier try of the write committed, and its answer was lost with the connection.
+    Nothing more to write."""
+
+    def __init__(self, job_id, status):
+        super().__init__(job_id, status, status)
+        self.status = status
+
+
 class JobNotCancellableError(IllegalTransitionError):
     code = 'JOB_NOT_CANCELLABLE'
     public_message = 'The job has already finished and cannot be cancelled.'

@@ -14,6 +14,7 @@ from enum import Enum
 
 from . import admission, history
 from .errors import (
+    FinishWrittenError,
     IllegalTransitionError,
     JobAlreadyCancelledError,
     JobCancelledError,
@@ -353,12 +354,16 @@ class AiJobLifecycleRepository:
 
         return self._in_transaction(write)
 
-    def lock_jobs(self, job_ids, instance_id, lock_ttl_ms=None):
+    def lock_jobs(self, job_ids, instance_id, lock_ttl_ms=None, adopt=()):
         """``lock_job_with_snapshot`` for several jobs: one CAS UPDATE over all of them, their
         rows and their history rows, in one transaction. Returns [(job, snapshot content)] for
         the jobs this call locked, in ``job_ids``' order; the others (locked elsewhere,
         finished, gone) are left out, as a refused ``lock_job`` would be. At most LOCK_BATCH
-        ids per call."""
+        ids per call.
+
+        ``adopt``: ids of ``job_ids`` an earlier lock of ``instance_id`` may have taken without
+        its caller hearing so (execution/unheard_locks.py); those of them running and held by
+        ``instance_id`` are returned too, as they are (their history row was that lock's)."""
         ids = list(dict.fromkeys(job_ids))  # a duplicate message: one lock
         assert len(ids) <= LOCK_BATCH, 'lock at most LOCK_BATCH jobs at once'
         if not ids:
@@ -377,8 +382,20 @@ class AiJobLifecycleRepository:
             locked = self._in_transaction(
                 lambda tx: self._lock_then_read(update, params, ids, instance_id, commit=own)
             )
+        taken = {job.id for job, _ in locked}
+        adopted = [job_id for job_id in ids if job_id in adopt and job_id not in taken]
+        if adopted:
+            locked += self._held_by(adopted, instance_id)
         order = {job_id: i for i, job_id in enumerate(ids)}
         return sorted(locked, key=lambda pair: order[pair[0].id])
+
+    def _held_by(self, job_ids, instance_id):
+        """[(job, snapshot content)] for the jobs of ``job_ids`` running and held by
+        ``instance_id``, whatever lock took them."""
+        rows = self.store.execute(
+            statement(_SELECT_LOCKED % placeholders(len(job_ids))), job_ids + [instance_id]
+        ).fetchall()
+        return _held_jobs(rows)
 
     def _lock_returning(self, update, params, instance_id):
         """SQLite: the UPDATE returns exactly the rows it changed; with their history rows it
@@ -435,8 +452,7 @@ class AiJobLifecycleRepository:
             # The jobs stay locked, unrun, until their locks expire and the reaper takes them.
             log_event('job.batch_lock_unclear', logging.WARNING, locked=changed, matched=len(rows))
             return []
-        content = AiJobSnapshot.content.python_value
-        return [(job_from_row(RUN_COLUMNS, row[:-2]), content(row[-1])) for row in rows]
+        return _held_jobs(rows)
 
     def extend_locks(self, job_ids, instance_id, lock_ttl_ms=None):
         """Heartbeat: push ``lock_until`` forward for every running job of ``job_ids`` that
@@ -782,7 +798,7 @@ class AiJobLifecycleRepository:
             try:
                 write_row(shape, finish, lambda finishes: self._plan_finishes(shape, finishes))
             except _Refused:  # written at once (alone): the refusal is this job's
-                raise self._refusal(job_id, to_status) from None
+                raise self._refusal(job_id, to_status, fence=fence) from None
             self.outbox.create_terminal_event(tx, job_id, to_status)
             insert_events(self.store, [event])
 
@@ -826,10 +842,14 @@ class AiJobLifecycleRepository:
         with self.store.atomic() as tx:
             return work(tx)
 
-    def _refusal(self, job_id, to_status, job=None):
-        """Why a CAS toward ``to_status`` matched nothing, as the error to raise."""
+    def _refusal(self, job_id, to_status, job=None, fence=None):
+        """Why a CAS toward ``to_status`` matched nothing, as the error to raise. With the
+        ``fence`` of a terminal write: FinishWrittenError when that same fence already wrote
+        the same status (an earlier try committed, its answer lost with the connection)."""
         job = job or self.get(job_id)
         current = job.lifecycle_status
+        if fence is not None and current == to_status and self._finished_under(job, fence):
+            return FinishWrittenError(job_id, current)
         if to_status == CANCELLED and current == CANCELLED:
             return JobAlreadyCancelledError(job_id, current, to_status)
         if to_status == CANCELLED and current in TERMINAL:
@@ -839,6 +859,16 @@ class AiJobLifecycleRepository:
         if to_status == SUCCEEDED and job.cancel_requested_at is not None:
             return JobCancelledError('cancel requested before the result was committed')
         return JobLockConflictError(job_id)
+
+    def _finished_under(self, job, fence):
+        """Did ``fence`` write ``job``'s terminal status? Its history row says who did."""
+        rows = AiJobEvent.select(AiJobEvent.detail).where(
+            (AiJobEvent.job_id == job.id)
+            & (AiJobEvent.kind == job.lifecycle_status)
+            & (AiJobEvent.attempt_no == fence.attempt_no)
+        )
+        actor = fence.actor().items()
+        return any(actor <= (row.detail or {}).items() for row in rows)
 
 
 def _update_and_read(update, params, select, select_params):
@@ -878,6 +908,12 @@ def lock_event(job, instance_id):
     """The history row of a lock: ``started`` for the first attempt, ``taken_over`` for a later
     one (the previous holder died, stalled or handed the job back)."""
     return _lock_row(job.id, job.attempt_no, {'worker': instance_id})
+
+
+def _held_jobs(rows):
+    """_SELECT_LOCKED's rows as [(job, snapshot content)]."""
+    content = AiJobSnapshot.content.python_value
+    return [(job_from_row(RUN_COLUMNS, row[:-2]), content(row[-1])) for row in rows]
 
 
 def _lock_row(job_id, attempt_no, detail):

@@ -17,6 +17,7 @@ from decimal import Decimal
 from ..core import metrics
 from ..core.errors import (
     AiJobError,
+    FinishWrittenError,
     IllegalTransitionError,
     InternalJobError,
     JobCancelledError,
@@ -35,6 +36,7 @@ from ..core.logs import log_event
 from ..core.models import AiJob, canonical_hash
 from ..core.registry import first_error
 from .providers import CallContext, EntryUnavailable, ProviderRequest, Usage
+from .unheard_locks import UnheardLocks
 from .usage import record_usage
 
 # Waits between tries of a job's final write while the store is unreachable.
@@ -66,6 +68,7 @@ class Attempt:
     internal_retries: int = 0  # retries after an internal error (bounded apart)
     defer_success: bool = False  # a success returns a _Success for the caller to commit
     route: object = None  # the gateway's place in the job's route (gateway/routes.py)
+    adopted: bool = False  # locked by a lock whose answer was lost: its row is not fresh
     started: float = field(default_factory=time.monotonic)
 
     def abandon(self):
@@ -122,6 +125,7 @@ class ExecutionEngine:
         self.text = runtime.text_pump  # the live text of provider calls (execution/deltas.py)
         self.held = {}  # job id -> Attempt, watched by the supervisor
         self._held_lock = threading.Lock()
+        self.unheard_locks = UnheardLocks()  # guarded by _held_lock too
         # A unit of database work on this thread's connection. A pooled database (MySQL) gives
         # the connection back to the pool at the end of each unit; SQLite has no pool to share
         # and reopening its file costs more than the statements, so each thread keeps its own.
@@ -158,16 +162,7 @@ class ExecutionEngine:
         ``execute``; jobs this call could not lock are left out). ``on_job_ran(seconds)`` hears
         how long each job ran, its lock and final commit left out."""
         statuses = {}
-        with self._unit():
-            locked = self.lifecycle.lock_jobs(job_ids, self.instance_id, self.lock_ttl_ms)
-            prepared = []
-            try:
-                for job, snapshot in locked:
-                    prepared.append(self._prepare(job, snapshot, defer_success=True))
-            except BaseException:
-                for job, _ in locked:
-                    self._release_held(job.id)
-                raise
+        prepared = self._lock_and_prepare(list(dict.fromkeys(job_ids)))
         ready = []  # successes whose final write waits for the group's commit
         try:
             for attempt, resolved in prepared:
@@ -190,7 +185,46 @@ class ExecutionEngine:
                 self._release_held(attempt.job.id)
         return statuses
 
-    def _prepare(self, job, snapshot, defer_success=False):
+    def _lock_and_prepare(self, ids):
+        """The batch's lock and RESOLVE: [(attempt, Resolved or JobFailure)], each held. A lock
+        that found the store unreachable may have committed all the same (its answer lost with
+        the connection): its ids are remembered, and a later lock of them adopts those this
+        worker holds (execution/unheard_locks.py)."""
+        with self._held_lock:
+            adopt = self.unheard_locks.begin(ids, self.held)
+        locked = None
+        try:
+            with self._unit():
+                locked = self.lifecycle.lock_jobs(
+                    ids, self.instance_id, self.lock_ttl_ms, adopt=adopt
+                )
+                return self._prepare_locked(locked, adopt)
+        except Exception as exc:
+            if locked is None and self.store.is_unreachable(exc):  # the lock went unheard
+                with self._held_lock:
+                    self.unheard_locks.lost(ids, self.held)
+            raise
+        finally:
+            with self._held_lock:
+                self.unheard_locks.end(ids)
+
+    def _prepare_locked(self, locked, adopt):
+        prepared = []
+        try:
+            for job, snapshot in locked:
+                adopted = job.id in adopt
+                if adopted:
+                    log_event(
+                        'job.lock_adopted', logging.WARNING, job_id=job.id, worker=self.instance_id
+                    )
+                prepared.append(self._prepare(job, snapshot, True, adopted))
+        except BaseException:
+            for job, _ in locked:
+                self._release_held(job.id)
+            raise
+        return prepared
+
+    def _prepare(self, job, snapshot, defer_success=False, adopted=False):
         """A locked job becomes an Attempt held by this worker (the supervisor heartbeats it from
         now on) and is RESOLVEd: returns (attempt, Resolved or the JobFailure that stopped it)."""
         try:
@@ -203,6 +237,7 @@ class ExecutionEngine:
             metrics.job_started(job.job_type, job.queue_name, wait_s)
         attempt.retries_used = job.retry_count
         attempt.defer_success = defer_success
+        attempt.adopted = adopted
         with self._held_lock:
             self.held[job.id] = attempt
         try:
@@ -260,6 +295,21 @@ class ExecutionEngine:
         turn how it ended into the job's terminal write; returns the status reached, None when
         the attempt was abandoned, or a _Success whose write the caller commits."""
         try:
+            return self._run_to_end(a, resolved, step)
+        except (AttemptAbandoned, JobLockConflictError, IllegalTransitionError) as exc:
+            # The lock was lost, the worker stops, or another holder finished the job, found
+            # by the step or by the terminal write after it: this attempt writes nothing more.
+            log_event(
+                'job.abandoned',
+                logging.WARNING,
+                job_id=a.job.id,
+                worker=self.instance_id,
+                reason=str(exc),
+            )
+            return None
+
+    def _run_to_end(self, a, resolved, step):
+        try:
             if isinstance(resolved, JobFailure):  # RESOLVE failed
                 return self._fail(a, resolved)
             if step is not None:
@@ -269,15 +319,6 @@ class ExecutionEngine:
             if a.abandoned:
                 return None
             return self._finish_cancelled(a)
-        except (AttemptAbandoned, JobLockConflictError) as exc:
-            log_event(
-                'job.abandoned',
-                logging.WARNING,
-                job_id=a.job.id,
-                worker=self.instance_id,
-                reason=str(exc),
-            )
-            return None
         except JobFailure as failure:
             return self._fail(a, failure)
 
@@ -306,7 +347,8 @@ class ExecutionEngine:
             if a.definition.security.content_safety_check:
                 self.ai.safety.check(resolved.input, 'input')  # once: the input cannot change
             a.retries_used = a.job.retry_count
-        fresh_lock = failure is None  # the lock's own row just said: no cancel requested
+        # The lock's own row just said: no cancel requested (not so for an adopted lock's).
+        fresh_lock = failure is None and not a.adopted
         while True:
             if failure is None:
                 self._check_cancel(a, read_store=not fresh_lock)
@@ -538,12 +580,16 @@ class ExecutionEngine:
         """Run ``write`` in a unit of database work, again while the store is unreachable: the
         job stays this worker's through an outage (its heartbeats resume with the store), and
         its result is written when the store returns instead of being dropped. Gives up only
-        when the attempt is abandoned (its lock was lost, or the worker stops)."""
+        when the attempt is abandoned (its lock was lost, or the worker stops). A terminal
+        write whose try before committed, though its answer was lost, is done."""
         delay_s = STORE_RETRY_FIRST_S
         while True:
             try:
                 with self._unit():
                     return write()
+            except FinishWrittenError as exc:
+                log_event('job.finish_found_written', job_id=a.job.id, status=exc.status)
+                return None
             except Exception as exc:
                 if not self.store.is_unreachable(exc) or a.abandoned:
                     raise
@@ -615,10 +661,14 @@ class ExecutionEngine:
     def _projection_failed(self, a, resolved, usage, latency_ms, call, exc):
         """A PROJECT transaction raised ``exc`` and rolled back: record its call's usage as
         it stands, and raise what the job goes on with."""
+        if isinstance(exc, FinishWrittenError):  # committed, with its usage row, before
+            raise exc
         if isinstance(exc, JobCancelledError):  # a cancel request beat the success write
             self._log_usage(a, call, usage, latency_ms, None)
             raise exc
-        if isinstance(exc, JobLockConflictError):  # a zombie: its result goes, its cost stays
+        if isinstance(exc, (JobLockConflictError, IllegalTransitionError)):
+            # A zombie (its lock taken, or its job finished by the new holder): its result
+            # goes, its cost stays.
             self._log_usage(a, call, usage, latency_ms, LOCK_LOST)
             raise exc
         if isinstance(exc, JobFailure):
