@@ -542,17 +542,22 @@ class AiJobLifecycleRepository:
             lambda tx: self._fenced(job_id, fence, sets, (progress, progress), [event])
         )
 
-    def count_retry(self, job_id, fence, retry_no=None, error=None, backoff_ms=0):
+    def count_retry(self, job_id, fence, retry_no, error=None, backoff_ms=0):
         """The engine schedules call ``retry_no`` + 1 of the provider after ``error`` (a
-        JobFailure), in ``backoff_ms``: ``retry_count`` + 1, and the history's
-        ``retry_scheduled`` row."""
+        JobFailure), in ``backoff_ms``: ``retry_count`` becomes ``retry_no`` (set, not added
+        to: a write tried again after its answer was lost counts the retry once), and the
+        history's ``retry_scheduled`` row."""
         detail = {'retryNo': retry_no, 'backoffMs': int(backoff_ms)}
         if error is not None:
             detail.update(errorCode=error.code, internalMessage=str(error)[:2000])
         detail.update(fence.actor())
         event = NewEvent(job_id, history.RETRY_SCHEDULED, fence.attempt_no, detail)
         self._in_transaction(
-            lambda tx: self._fenced(job_id, fence, 'retry_count = retry_count + 1', (), [event])
+            # updated_at changes the row even when retry_count has that value already (MySQL
+            # counts changed rows, and an unchanged row would read as a lost lock).
+            lambda tx: self._fenced(
+                job_id, fence, 'retry_count = %s, updated_at = {now}', (retry_no,), [event]
+            )
         )
 
     def _fenced(self, job_id, fence, sets, set_params=(), events=()):

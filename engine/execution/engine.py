@@ -217,7 +217,7 @@ class ExecutionEngine:
                     log_event(
                         'job.lock_adopted', logging.WARNING, job_id=job.id, worker=self.instance_id
                     )
-                prepared.append(self._prepare(job, snapshot, True, adopted))
+                prepared.append(self._prepare(job, snapshot, defer_success=True, adopted=adopted))
         except BaseException:
             for job, _ in locked:
                 self._release_held(job.id)
