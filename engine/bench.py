@@ -137,8 +137,11 @@ def _create(runtime, jobs, rate, sleep_ms, job_type='synthetic'):
     def creator(offset):
         with runtime.store.connection():
             for i in range(offset, jobs, CREATORS):
-                delay = started + i / rate - time.monotonic() if rate else 0
-                if stop.wait(delay) if delay > 0 else stop.is_set():
+                if rate:
+                    delay = started + i / rate - time.monotonic()
+                    if delay > 0 and stop.wait(delay):
+                        return
+                if stop.is_set():
                     return
                 request = CreateJobInput(
                     user_id='bench-%d' % i,

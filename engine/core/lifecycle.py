@@ -867,13 +867,13 @@ class AiJobLifecycleRepository:
 
     def _finished_under(self, job, fence):
         """Did ``fence`` write ``job``'s terminal status? Its history row says who did."""
-        rows = AiJobEvent.select(AiJobEvent.detail).where(
-            (AiJobEvent.job_id == job.id)
-            & (AiJobEvent.kind == job.lifecycle_status)
-            & (AiJobEvent.attempt_no == fence.attempt_no)
-        )
         actor = fence.actor().items()
-        return any(actor <= (row.detail or {}).items() for row in rows)
+        return any(
+            event.kind == job.lifecycle_status
+            and event.attempt_no == fence.attempt_no
+            and actor <= event.detail.items()
+            for event in history.JobHistory(self.store).list(job.id)
+        )
 
 
 def _update_and_read(update, params, select, select_params):

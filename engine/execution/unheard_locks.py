@@ -45,4 +45,5 @@ class UnheardLocks:
                 del self._locking[i]
 
     def unheard(self):
+        """The ids still to adopt (a copy: for tests and diagnostics)."""
         return set(self._unheard)
