@@ -20,7 +20,6 @@ import statistics
 import sys
 import time
 import uuid
-from urllib.parse import urlsplit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -37,7 +36,8 @@ CAPTURED_USER = 'driver-bench-capture'
 
 def captured_create(runtime):
     """The text of the query that carries a create's writes, with its job id and user id as
-    {job} and {user}."""
+    {job} and {user}: the second create's, when the process has read what it checks once (the
+    server's version, its constraints) and BEGIN goes with the writes."""
     sent = []
     query = pymysql.cursors.Cursor._query
 
@@ -45,36 +45,44 @@ def captured_create(runtime):
         sent.append(text)
         return query(cursor, text)
 
+    request = CreateJobInput(
+        user_id=CAPTURED_USER,
+        job_type='synthetic',
+        target_type='bench',
+        target_id='capture',
+        input={'n': 1},
+    )
     pymysql.cursors.Cursor._query = keep
     try:
         with runtime.store.connection():
-            request = CreateJobInput(
-                user_id=CAPTURED_USER,
-                job_type='synthetic',
-                target_type='bench',
-                target_id='capture',
-                input={'n': 1},
-            )
+            runtime.service.create_job(request)
             job = runtime.service.create_job(request).job
     finally:
         pymysql.cursors.Cursor._query = query
-    [text] = [t for t in sent if 'INSERT INTO ai_job ' in t]
-    if not text.startswith('BEGIN'):
-        text = 'BEGIN;\n' + text  # the BEGIN went alone (MySQL): send it with the rest
+    text = [t for t in sent if 'INSERT INTO ai_job ' in t][-1]
+    assert text.startswith('BEGIN;') and text.endswith('COMMIT'), 'not one round trip: %r' % text
     text = text.replace('{', '{{').replace('}', '}}')
     return text.replace(job.id, '{job}').replace(CAPTURED_USER, '{user}')
 
 
-def connect(module, flags, url):
-    parts = urlsplit(url)
+def connect(module, flags, store):
+    """A connection of ``module`` with the engine's own settings for this database (read from
+    its store, not from the URL again), the multi-statement flag set as the engine sets it."""
+    params = store.db.connect_params
+    extra = {}
+    if module is pymysql and 'ssl_disabled' in params:
+        extra['ssl_disabled'] = params['ssl_disabled']  # as the engine: no TLS to loopback
     return module.connect(
-        host=parts.hostname,
-        port=parts.port or 3306,
-        user=parts.username or 'root',
-        password=parts.password or '',
-        database=parts.path.lstrip('/'),
+        host=params['host'],
+        port=params['port'],
+        user=params['user'],
+        password=params['password'],
+        database=store.db.database,
+        charset=params['charset'],
+        init_command=params['init_command'],
         client_flag=flags.MULTI_STATEMENTS,
         autocommit=True,
+        **extra,
     )
 
 
@@ -117,17 +125,17 @@ def main():
     runtime = Runtime(config, role='bench')
     runtime.create_schema()
     text = captured_create(runtime)
-    runtime.close()
     results = {}
     run_id = uuid.uuid4().hex[:8]
     for r in range(args.rounds):
         for name, module, flags in drivers():
-            connection = connect(module, flags, config.database_url)
+            connection = connect(module, flags, runtime.store)
             run(connection, text, 100, '%s-%s-warm%d' % (run_id, name, r))
             figures = run(connection, text, args.creates, '%s-%s-%d' % (run_id, name, r))
             connection.close()
             results.setdefault(name, []).append(figures)
             print('round %d %s: cpu_us=%.0f wall_us=%.0f' % ((r + 1, name) + figures))
+    runtime.close()
     for name, rounds in results.items():
         print(
             '%s: cpu_us_per_create=%.0f wall_us_per_create=%.0f (medians of %d rounds)'

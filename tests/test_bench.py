@@ -28,16 +28,24 @@ LAST_LINE = re.compile(
 JOBS = 20
 
 
+def mysql_connection(url, database=None):
+    """A plain pymysql connection to ``url``'s server (to ``database`` when given)."""
+    parts = urlsplit(url)
+    return pymysql.connect(
+        host=parts.hostname,
+        port=parts.port or 3306,
+        user=parts.username or 'root',
+        password=parts.password or '',
+        database=database,
+        connect_timeout=3,
+        autocommit=True,
+    )
+
+
 def bench_mysql_url():
     """AIJOB_TEST_MYSQL_URL's server, with the bench's own database (created if missing)."""
     base = urlsplit(os.environ.get('AIJOB_TEST_MYSQL_URL', 'mysql://root@127.0.0.1:3306/test'))
-    conn = pymysql.connect(
-        host=base.hostname,
-        port=base.port or 3306,
-        user=base.username or 'root',
-        password=base.password or '',
-        connect_timeout=3,
-    )
+    conn = mysql_connection(base.geturl())
     with conn.cursor() as cursor:
         cursor.execute('CREATE DATABASE IF NOT EXISTS `%s` CHARACTER SET utf8mb4' % BENCH_DATABASE)
     conn.close()
@@ -164,15 +172,8 @@ def test_a_bench_told_to_stop_stops_its_worker_process(mysql_redis):
 
 def count_jobs(env):
     """Jobs in the bench's database (0 before its first run made the table)."""
-    url = urlsplit(env['AIJOB_DATABASE_URL'])
-    conn = pymysql.connect(
-        host=url.hostname,
-        port=url.port or 3306,
-        user=url.username or 'root',
-        password=url.password or '',
-        database=url.path.lstrip('/'),
-        autocommit=True,
-    )
+    url = env['AIJOB_DATABASE_URL']
+    conn = mysql_connection(url, database=urlsplit(url).path.lstrip('/'))
     try:
         with conn.cursor() as cursor:
             cursor.execute(
