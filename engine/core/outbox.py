@@ -256,7 +256,11 @@ class OutboxRepository:
             % (assignments, placeholders(len(event_ids)))
         )
         params = params + tuple(event_ids) + (PROCESSING, claimer)
-        return self.store.execute(update, params).rowcount
+        if self.store.in_transaction():  # the caller's transaction, retried as a whole
+            return self.store.execute(update, params).rowcount
+        # Alone, it is a deadlock's victim now and then (another dispatcher's claim scans the
+        # same status index): tried again, as a transaction that lost a deadlock is.
+        return self.store.execute_alone(update, params).rowcount
 
     def mark_failed(self, event_id, instance_id, error, retry_delay_ms=1000):
         """A real rejection: count it; back to pending after ``retry_delay_ms``, or ``dead`` at

@@ -353,10 +353,23 @@ class Store:
 
     def run_in_transaction(self, work, attempts=5):
         """Run ``work(tx)`` in a transaction, again on a deadlock (up to ``attempts`` times)."""
+
+        def transaction():
+            with self.atomic() as tx:
+                return work(tx)
+
+        return self._again_if_transient(transaction, attempts)
+
+    def execute_alone(self, statement, params=(), attempts=5):
+        """``execute`` of one statement outside any transaction (autocommit), again when it is
+        a deadlock's victim, which rolled back that statement alone. Returns the cursor."""
+        assert not self.in_transaction(), 'in a transaction, retry the transaction instead'
+        return self._again_if_transient(lambda: self.execute(statement, params), attempts)
+
+    def _again_if_transient(self, call, attempts):
         for attempt in range(1, attempts + 1):
             try:
-                with self.atomic() as tx:
-                    return work(tx)
+                return call()
             except OperationalError as exc:
                 if attempt == attempts or not self.is_transient(exc):
                     raise
