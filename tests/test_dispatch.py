@@ -3,9 +3,13 @@ off."""
 
 import threading
 
+import pymysql
+import pytest
+
 from engine.core.errors import QueueUnavailableError
 from engine.core.models import AiJob, AiUsageLog, OutboxEvent
 from engine.core.outbox import PENDING, PUBLISHED
+from engine.core.sql import Statement
 from engine.dispatch.dispatcher import OutboxDispatcher, PublishMarks
 from engine.dispatch.redis_queue import RedisQueue
 from tests.support.helpers import create_job, wait_until
@@ -53,6 +57,38 @@ def test_two_dispatchers_over_a_thousand_events_push_each_once(engine_rt):
     assert AiJob.select().where(AiJob.lifecycle_status == 'succeeded').count() == 1000
     assert AiJob.select().where(AiJob.attempt_no != 1).count() == 0  # executed once each
     assert AiUsageLog.select().count() == 1000
+
+
+@pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
+def test_a_published_mark_that_loses_a_lock_wait_is_tried_again(engine_rt, backend):
+    """A batch mark written alone (no transaction around it) that loses to another
+    connection's lock (here a lock wait timeout; a deadlock is handled alike) is tried again,
+    not failed: the dispatcher's cycle would fail and its events be pushed a second time."""
+    [job] = pending_jobs(engine_rt, 1)
+    outbox, store = engine_rt.outbox, engine_rt.store
+    [event] = outbox.claim_batch('dispatcher-x')
+    params = store.db.connect_params
+    blocker = pymysql.connect(
+        host=params['host'],
+        port=params['port'],
+        user=params['user'],
+        password=params['password'],
+        database=store.db.database,
+    )
+    store.execute(Statement('SET SESSION innodb_lock_wait_timeout = 1'))
+    try:
+        with blocker.cursor() as cursor:
+            cursor.execute('SELECT id FROM outbox_event WHERE id = %s FOR UPDATE', (event.id,))
+        release = threading.Timer(1.5, blocker.commit)  # after the first try timed out
+        release.start()
+        statements = store.statement_count()
+        assert outbox.mark_published_batch([event.id], 'dispatcher-x') == 1
+        assert store.statement_count() - statements >= 2  # a timed-out try, then the write
+        release.join()
+    finally:
+        store.execute(Statement('SET SESSION innodb_lock_wait_timeout = DEFAULT'))
+        blocker.close()
+    assert OutboxEvent.get_by_id(event.id).status == PUBLISHED
 
 
 def test_a_lost_claim_is_skipped(engine_rt):
