@@ -33,3 +33,28 @@ def test_every_public_error_code_is_documented():
         if code not in QUOTED
     ]
     assert missing == []
+
+
+def layout_paths():
+    """The paths the README's Layout block lists, folders included (``engine/core/``)."""
+    section = README.split('## Layout', 1)[1].split('\n## ', 1)[0]
+    paths, stack = [], []
+    for line in section.splitlines():
+        if not line.startswith('    ') or not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip(' ')) - 4) // 2
+        name = line.split()[0]
+        stack[depth:] = [name]
+        paths.append(''.join(stack))
+    return paths
+
+
+def test_the_layout_lists_every_module_and_nothing_else():
+    listed = layout_paths()
+    modules = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / 'engine').rglob('*.py')
+        if path.name != '__init__.py'
+    }
+    assert sorted(modules - set(listed)) == [], 'modules the Layout leaves out'
+    assert [path for path in listed if not (ROOT / path).exists()] == [], 'entries not in the tree'
