@@ -371,8 +371,8 @@ def prompt_token_bound(messages):
     """The most prompt tokens ``messages`` can count as, whatever the tokenizer, as long as it
     is byte-level BPE (GPT, Llama 3, Qwen, DeepSeek) or SentencePiece with byte fallback: each
     token of the text stands for at least one of its UTF-8 bytes, so the text counts at most
-    its byte length; the template adds the allowances above. It is 3 to 4 times what a
-    tokenizer counts for English and 2 to 4 times for Chinese: the headroom budgets pay for
+    its byte length; the template adds the allowances above. It is about 4 times what a
+    tokenizer counts for English and 3 to 5 times for Chinese: the headroom budgets pay for
     never under-reserving."""
     total = TEMPLATE_TOKENS_PER_REQUEST
     for message in messages:
