@@ -544,8 +544,8 @@ class Budgets:
 class BudgetGuard(CallGuard):
     """Reserves each call's maximum cost before it (or fails the job BUDGET_EXCEEDED, or defers
     it when every budget it would pass says ``wait``, or while calls in flight hold the room it
-    needs), settles the reservation with the call's
-    usage row, and releases it when the call was not made."""
+    needs), settles the reservation with the call's usage row, and releases it when the call
+    was not made."""
 
     NOTE = 'budgets'
 
