@@ -1,20 +1,22 @@
-"""Budgets in money across real worker processes (issue 21, the budget test), on MariaDB + Redis:
+"""Budgets in money across real worker processes (issues 21 and 31), on MariaDB + Redis:
 50 concurrent jobs over 3 workers against a budget that fits exactly 10 calls at their maximum
 cost make at most 10 provider calls, record no more than the budget and fail the others
 BUDGET_EXCEEDED; a worker ``kill -9``-ed between reserve and settle leaks nothing once the
-reaper has run."""
+reaper has run. Issue 31's four cases (tests/support/budget_cases.py), 50 jobs over 2 workers:
+Chinese input a tokenizer counts at 3x characters ÷ 4, a provider counting more prompt tokens
+than that, one that would write 8 000 tokens, and calls that cost a tenth of their maximum."""
 
 import time
 from collections import Counter
+from dataclasses import replace
 from decimal import Decimal
-from types import SimpleNamespace
 
 import pytest
 
 from engine.core.lifecycle import TERMINAL
 from engine.core.models import AiBudget, AiBudgetReservation, AiBudgetSpend, AiJob, AiUsageLog
-from engine.execution.openai_client import estimate_tokens
 from engine.gateway.budgets import CACHE_S
+from tests.support import budget_cases
 from tests.support.backends import require_servers
 from tests.support.fake_openai import json_reply
 from tests.support.helpers import create_job, wait_until
@@ -22,7 +24,7 @@ from tests.support.runtimes import FAST_SETTINGS, PROVIDER_SETTINGS
 
 CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'}]}
 CARD_INPUT = {'text': 'Paris is the capital of France.', 'maxCards': 1}
-MAX_TOKENS = 20
+MAX_TOKENS = budget_cases.MAX_TOKENS
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def shared(make_runtime, backend, fake):
         AIJOB_PROVIDER_MODEL='m',
         AIJOB_PLATFORM_API_KEY=PROVIDER_SETTINGS['AIJOB_PLATFORM_API_KEY'],
         # One token costs 1: a call's cost is its token count.
-        AIJOB_PRICE_TABLE='{"m": {"prompt": "1", "completion": "1", "per": 1}}',
+        AIJOB_PRICE_TABLE=budget_cases.PRICES,
         AIJOB_BUDGET_MAX_TOKENS=str(MAX_TOKENS),
         AIJOB_INTERACTIVE_CONCURRENCY='4',
         AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',
@@ -53,14 +55,7 @@ def shared(make_runtime, backend, fake):
 
 def max_cost(rt):
     """A flashcard call's maximum cost as the workers reserve it (prices of 1 per token)."""
-    request = SimpleNamespace(
-        job_type='flashcard_generation',
-        prompt_version=None,
-        input=CARD_INPUT,
-        definition=rt.registry.get('flashcard_generation'),
-        attempt=1,
-    )
-    return estimate_tokens(rt.ai.prompts.render(request)) + MAX_TOKENS
+    return budget_cases.max_cost(rt, CARD_INPUT)
 
 
 def answer_at_max_cost(fake, prompt_tokens, **kw):
@@ -69,9 +64,9 @@ def answer_at_max_cost(fake, prompt_tokens, **kw):
     fake.script(json_reply(CARDS, usage=usage, **kw))
 
 
-def jobs_of(user_id, count, rt):
+def jobs_of(user_id, count, rt, input=CARD_INPUT):
     return [
-        create_job(rt, job_type='flashcard_generation', user_id=user_id, input=CARD_INPUT)
+        create_job(rt, job_type='flashcard_generation', user_id=user_id, input=input)
         for _ in range(count)
     ]
 
@@ -166,3 +161,24 @@ def test_fifty_jobs_on_three_workers_spend_at_most_their_budget_and_a_kill_leaks
     # The reservations of the dead worker went back: the jobs it held ran again and fit.
     assert all(job.lifecycle_status == 'succeeded' for job in finished)
     assert AiBudget.select().count() == 2
+
+
+@pytest.mark.parametrize('case', sorted(budget_cases.CASES))
+def test_fifty_jobs_on_two_workers_spend_at_most_their_budget_and_none_is_refused_with_room(
+    shared, fake, spawn, case
+):
+    rt = shared
+    input, reply = budget_cases.CASES[case]
+    fake.script(replace(reply, first_delay_s=0.1))
+    cost = budget_cases.max_cost(rt, input)
+    budget, _ = rt.budgets.put(
+        'user', 'fifty', 'day', Decimal(budget_cases.BUDGET_CALLS * cost), 'fail'
+    )
+    workers = [spawn(rt.env) for _ in range(2)]
+
+    jobs = jobs_of('fifty', budget_cases.JOBS, rt, input)
+    all_terminal(jobs, timeout=180)
+    run = budget_cases.outcome(budget, 'fifty', [job.id for job in jobs], cost, fake)
+    print(budget_cases.check(case, run))
+    ran_on = [len(worker.events('job.finished')) for worker in workers]
+    assert all(ran_on), ran_on  # both workers took jobs

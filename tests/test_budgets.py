@@ -1,18 +1,21 @@
-"""Budgets in money (issue 21 item 5), on both backend pairs: the admin API, the create-time
-refusal (429, nothing written), the BudgetGuard's reservation of a call's maximum cost (exact
-under threads racing for it), its settlement with the usage row, its release when the call is
-not made, the reaper's release of a dead worker's reservations, and jobs through the engine
-against the loopback provider."""
+"""Budgets in money (issue 21 item 5, issue 31), on both backend pairs: the admin API, the
+create-time refusal (429, nothing written), the prompt's token bound, the BudgetGuard's
+reservation of a call's maximum cost (exact under threads racing for it, and waiting, not
+failing, while calls in flight hold the room), its settlement with the usage row, its release
+when the call is not made, the reaper's release of a dead worker's reservations, and jobs
+through the engine against the loopback provider (issue 31's four cases, 50 jobs each)."""
 
 import datetime
 import re
 import time
+from dataclasses import replace
 from decimal import Decimal
 from types import SimpleNamespace
 
 import pytest
 
 from engine.core.errors import BudgetExceededFailure, JobDeferred, JobFailure
+from engine.core.lifecycle import TERMINAL
 from engine.core.models import (
     AiBudget,
     AiBudgetReservation,
@@ -20,14 +23,20 @@ from engine.core.models import (
     AiJob,
     AiUsageLog,
 )
-from engine.execution.openai_client import estimate_tokens
+from engine.execution.openai_client import (
+    TEMPLATE_TOKENS_PER_MESSAGE,
+    TEMPLATE_TOKENS_PER_REQUEST,
+    estimate_tokens,
+    prompt_token_bound,
+)
 from engine.execution.providers import ProviderCall, Usage
 from engine.execution.usage import record_usage
-from engine.gateway.budgets import BudgetGuard, period_reset
+from engine.gateway.budgets import IN_FLIGHT_WAIT_MAX_S, BudgetGuard, period_reset
 from engine.jobtypes.flashcards import flashcard_definition
+from tests.support import budget_cases
 from tests.support.api import Harness, job_body, run_to_running
 from tests.support.fake_openai import json_reply
-from tests.support.helpers import create_job, run_threads
+from tests.support.helpers import create_job, run_threads, wait_until
 from tests.support.runtimes import FAST_SETTINGS, PROVIDER_SETTINGS, fast_registry, wait_terminal
 from tests.test_dashboard import board  # noqa: F401
 
@@ -213,9 +222,15 @@ def test_a_create_whose_budget_is_spent_is_429_and_writes_nothing(budget_api):
     assert AiJob.select().count() == before
     assert budget_api.b.post(JOBS, job_body()).status == 201  # another user's budget is free
 
-    # A reservation counts too: a budget reserved up to its amount refuses.
+    # A reservation alone refuses no create: the call in flight may spend less than it holds.
+    rt = budget_api.runtime
     put(budget_api.admin, scope='user', subject='user-b', period='month', amount='0.2')
-    guard_of(budget_api.runtime).before(a_call(running_job(budget_api.runtime, 'user-b')))
+    guard, call = guard_of(rt), a_call(running_job(rt, 'user-b'))
+    guard.before(call)
+    assert spend_of(AiBudget.get(AiBudget.subject == 'user-b').id) == (0, MAX_COST)
+    assert budget_api.b.post(JOBS, job_body()).status == 201
+    # Its spend does, once it reaches the amount.
+    rt.store.run_in_transaction(lambda tx: guard.settle(call, Usage(100, 50), MAX_COST, None))
     refused = budget_api.b.post(JOBS, job_body())
     assert (
         refused.status == 429 and 'monthly user user-b budget' in refused.json['error']['message']
@@ -235,6 +250,100 @@ def test_without_budgets_a_create_reads_no_spend(budget_rt):
     statements = budget_rt.store.statement_count()
     budgets.check_creatable('user-a', 'synthetic')
     assert budget_rt.store.statement_count() == statements
+
+
+# ---------------------------------------------------------------- the prompt's bound
+# Chat templates as their tokenizers see them: special tokens (one token each) and text.
+SPECIAL_TOKENS = {
+    '<|start|>',
+    '<|message|>',
+    '<|end|>',
+    '<|im_start|>',
+    '<|im_end|>',
+    '<|begin_of_text|>',
+    '<|start_header_id|>',
+    '<|end_header_id|>',
+    '<|eot_id|>',
+}
+LLAMA_PREAMBLE = 'Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n'
+TEMPLATES = {
+    # OpenAI's own count: 3 tokens a message, 3 to open the reply.
+    'openai': (
+        [],
+        lambda m: ['<|start|>', m['role'], '<|message|>', m['content'], '<|end|>'],
+        ['<|start|>', 'assistant', '<|message|>'],
+    ),
+    # ChatML (Qwen 2.5, Yi, DeepSeek's distilled models).
+    'chatml': (
+        [],
+        lambda m: ['<|im_start|>', m['role'] + '\n' + m['content'], '<|im_end|>', '\n'],
+        ['<|im_start|>', 'assistant\n'],
+    ),
+    # Llama 3.1, with the preamble it writes into the system message.
+    'llama3.1': (
+        ['<|begin_of_text|>'],
+        lambda m: [
+            '<|start_header_id|>',
+            m['role'],
+            '<|end_header_id|>',
+            '\n\n' + (LLAMA_PREAMBLE if m['role'] == 'system' else '') + m['content'],
+            '<|eot_id|>',
+        ],
+        ['<|start_header_id|>', 'assistant', '<|end_header_id|>', '\n\n'],
+    ),
+}
+TEXTS = {
+    'ascii': 'Paris is the capital of France. ' * 20,
+    'cjk': '巴黎是法国的首都，位于塞纳河畔。' * 20,
+    'emoji': '👍🏽 👨\u200d👩\u200d👧 🇫🇷 ✨' * 20,
+    'mixed': 'Élève: 東京 is Tokyo 🗼, «naïve» café. ' * 20,
+}
+
+
+def worst_count(messages, template):
+    """The tokens of ``messages`` in ``template`` at one token per byte of text, the template's
+    own text included (more than any byte-level BPE tokenizer can count), one per special
+    token."""
+    opening, per_message, reply = TEMPLATES[template]
+    pieces = opening + [p for m in messages for p in per_message(m)] + reply
+    return sum(1 if p in SPECIAL_TOKENS else len(p.encode('utf-8')) for p in pieces)
+
+
+def chat(*contents):
+    """A system message and alternating user and assistant messages."""
+    roles = ['system'] + ['user', 'assistant'] * len(contents)
+    return [{'role': role, 'content': text} for role, text in zip(roles, contents, strict=False)]
+
+
+@pytest.mark.parametrize('template', sorted(TEMPLATES))
+@pytest.mark.parametrize('text', sorted(TEXTS))
+def test_the_prompt_bound_covers_every_template_at_a_token_per_byte(template, text):
+    for messages in (
+        chat('Reply with JSON.', TEXTS[text]),
+        chat('', TEXTS[text]),
+        chat('Reply with JSON.', TEXTS[text], '{"a": 1}', TEXTS[text][:7], 'again'),
+    ):
+        assert prompt_token_bound(messages) >= worst_count(messages, template)
+
+
+def test_the_prompt_bound_is_the_bytes_of_each_message_and_the_allowances():
+    per_request, per_message = TEMPLATE_TOKENS_PER_REQUEST, TEMPLATE_TOKENS_PER_MESSAGE
+    assert prompt_token_bound([]) == per_request
+    assert prompt_token_bound(chat('abc')) == per_request + len('system') + 3 + per_message
+    # Chinese is 3 bytes a character: 12 times what characters ÷ 4 guessed, 4 times the count
+    # of a tokenizer that finds 3 tokens where that guess found one.
+    cjk = chat('', '巴黎' * 100)
+    assert prompt_token_bound(cjk) == per_request + 6 + 4 + 600 + 2 * per_message
+    assert prompt_token_bound(cjk) > 3 * estimate_tokens(cjk)
+    # An emoji is 4 bytes; a family joined by zero-width joiners is 18.
+    assert prompt_token_bound(chat('👍')) == per_request + 6 + 4 + per_message
+    family = '👨\u200d👩\u200d👧'
+    assert prompt_token_bound(chat(family)) == per_request + 6 + 18 + per_message
+    # Each message adds its role, its content and the allowance.
+    two, four = chat('s', 'u'), chat('s', 'u', 'a', 'u')
+    assert prompt_token_bound(four) - prompt_token_bound(two) == (
+        len('assistant') + len('user') + 2 + 2 * per_message
+    )
 
 
 # ---------------------------------------------------------------- the guard
@@ -274,12 +383,18 @@ def test_a_settle_rolled_back_with_its_transaction_leaves_the_reservation(budget
     assert spend_of(AiBudget.get().id) == (Decimal('0.1'), 0)
 
 
+def spend_in_full(rt, guard, call):
+    """``call``'s usage row settles it at its maximum cost."""
+    rt.store.run_in_transaction(lambda tx: guard.settle(call, Usage(100, 50), MAX_COST, None))
+
+
 def second_call_refused(rt, scope, subject, period, on_exceeded, refusal):
     """Under a budget of 0.3, which one call's MAX_COST fits and two do not, the first call is
-    let through and the second raises ``refusal``: returns that exception."""
+    let through and spends its maximum, and the second raises ``refusal``: returns it."""
     rt.budgets.put(scope, subject, period, Decimal('0.3'), on_exceeded)
-    guard = guard_of(rt)
-    guard.before(a_call(running_job(rt)))
+    guard, first = guard_of(rt), a_call(running_job(rt))
+    guard.before(first)
+    spend_in_full(rt, guard, first)
     with pytest.raises(refusal) as refused:
         guard.before(a_call(running_job(rt)))
     return refused.value
@@ -290,8 +405,8 @@ def test_a_call_over_a_fail_budget_fails_the_job_without_retry(budget_rt):
     assert isinstance(failure, JobFailure) and failure.code == 'BUDGET_EXCEEDED'
     assert not failure.retryable and not failure.may_retry('retry', 0)
     assert 'daily user user-a budget' in failure.public_message
-    assert AiBudgetReservation.select().count() == 1
-    assert spend_of(AiBudget.get().id) == (0, MAX_COST)
+    assert AiBudgetReservation.select().count() == 0
+    assert spend_of(AiBudget.get().id) == (MAX_COST, 0)
 
 
 def test_a_call_over_a_wait_budget_is_deferred_until_the_period_resets(budget_rt):
@@ -300,6 +415,27 @@ def test_a_call_over_a_wait_budget_is_deferred_until_the_period_resets(budget_rt
     assert deferred.reason == 'budget'
     assert abs(deferred.delay_s - (period_reset('month', now) - now).total_seconds()) < 5
     assert deferred.detail == {'budgetIds': [AiBudget.get().id]}
+
+
+@pytest.mark.parametrize('on_exceeded', ['fail', 'wait'])
+def test_a_call_that_fits_once_the_calls_in_flight_settle_waits_for_them(budget_rt, on_exceeded):
+    budget_rt.budgets.put('global', '', 'day', Decimal('0.3'), on_exceeded)
+    guard, first = guard_of(budget_rt), a_call(running_job(budget_rt))
+    guard.before(first)
+    second = a_call(running_job(budget_rt))
+    with pytest.raises(JobDeferred) as deferred:
+        guard.before(second)  # spent 0 + reserved 0.2 + 0.2 > 0.3, but spent 0 + 0.2 fits
+    assert deferred.value.reason == 'budget'
+    assert deferred.value.detail == {'budgetIds': [AiBudget.get().id], 'inFlight': True}
+    assert 0 < deferred.value.delay_s <= IN_FLIGHT_WAIT_MAX_S * 1.25
+    assert spend_of(AiBudget.get().id) == (0, MAX_COST)  # the deferred call reserved nothing
+
+    # The call in flight spent a tenth of its maximum: the next try of the second one fits.
+    budget_rt.store.run_in_transaction(
+        lambda tx: guard.settle(first, Usage(10, 5), MAX_COST / 10, None)
+    )
+    assert guard.before(second) is None
+    assert spend_of(AiBudget.get().id) == (MAX_COST / 10, MAX_COST)
 
 
 def test_wait_fails_all_the_same_when_the_call_alone_is_over_the_budget(budget_rt):
@@ -329,7 +465,7 @@ def test_no_budget_no_reservation(budget_rt):
     assert call.notes == {} and AiBudgetReservation.select().count() == 0
 
 
-def test_the_maximum_cost_falls_back_on_the_rendered_prompt_and_the_price_table(budget_rt):
+def test_the_maximum_cost_is_the_rendered_prompts_bound_at_the_price_tables_price(budget_rt):
     definition = budget_rt.registry.get('synthetic')
     prompts = budget_rt.ai.prompts
     request = SimpleNamespace(
@@ -347,9 +483,9 @@ def test_the_maximum_cost_falls_back_on_the_rendered_prompt_and_the_price_table(
         model='m',
         call_no=1,
     )
-    estimated = estimate_tokens(prompts.render(request))
-    assert estimated > 100
-    expected = (Decimal(estimated) * 1 + 50 * 2) / 1000
+    bound = prompt_token_bound(prompts.render(request))
+    assert bound > 400 > 4 * estimate_tokens(prompts.render(request)) - 400
+    expected = (Decimal(bound) * 1 + 50 * 2) / 1000
     assert guard_of(budget_rt).max_cost_micros(call) == int(expected * 10**6)
 
 
@@ -359,12 +495,20 @@ def test_threads_racing_for_one_budget_reserve_exactly_what_fits(budget_rt):
     guard = guard_of(budget_rt)
     jobs = [running_job(budget_rt, 'racer-%d' % i) for i in range(20)]
 
-    results, errors = run_threads(20, lambda i: guard.before(a_call(jobs[i])), budget_rt.store)
-    refused = [e for e in errors if e is not None]
-    assert all(isinstance(e, BudgetExceededFailure) for e in refused), refused
-    assert len(refused) == 13
+    calls = [a_call(job) for job in jobs]
+    results, errors = run_threads(20, lambda i: guard.before(calls[i]), budget_rt.store)
+    waiting = [i for i, e in enumerate(errors) if e is not None]
+    assert all(isinstance(errors[i], JobDeferred) for i in waiting), errors
+    assert len(waiting) == 13  # each would fit alone: it waits for the calls in flight
     assert AiBudgetReservation.select().count() == 7
     assert spend_of(AiBudget.get().id) == (0, Decimal('1.4'))
+
+    # The seven spend their maximum: the budget is spent, the thirteen fail on their next try.
+    for i in set(range(20)) - set(waiting):
+        spend_in_full(budget_rt, guard, calls[i])
+    results, errors = run_threads(13, lambda n: guard.before(calls[waiting[n]]), budget_rt.store)
+    assert all(isinstance(e, BudgetExceededFailure) for e in errors), errors
+    assert spend_of(AiBudget.get().id) == (Decimal('1.4'), 0)
 
 
 # ---------------------------------------------------------------- the reaper
@@ -422,8 +566,9 @@ def ai_budget_rt(make_runtime, fake):
         rt.stop_background(timeout_s=5)
 
 
-def estimated_prompt_tokens(rt, job_type, input):
-    """What the guard estimates for the first call of such a job (its rendered messages)."""
+def prompt_bound(rt, job_type, input):
+    """What the guard reserves as the prompt of the first call of such a job (its rendered
+    messages' bound)."""
     request = SimpleNamespace(
         job_type=job_type,
         prompt_version=None,
@@ -431,13 +576,13 @@ def estimated_prompt_tokens(rt, job_type, input):
         definition=rt.registry.get(job_type),
         attempt=1,
     )
-    return estimate_tokens(rt.ai.prompts.render(request))
+    return prompt_token_bound(rt.ai.prompts.render(request))
 
 
 def test_jobs_through_the_engine_spend_at_most_their_budget(ai_budget_rt, fake):
     rt = ai_budget_rt
-    prompt = estimated_prompt_tokens(rt, 'flashcard_generation', CARD_INPUT)
-    # Each call answers with its maximum: the estimated prompt and all 20 completion tokens.
+    prompt = prompt_bound(rt, 'flashcard_generation', CARD_INPUT)
+    # Each call answers with its maximum: the prompt's bound and all 20 completion tokens.
     fake.script(json_reply(CARDS, usage={'prompt_tokens': prompt, 'completion_tokens': 20}))
     max_cost = Decimal(prompt + 20)
     rt.budgets.put('user', 'user-a', 'day', 3 * max_cost, 'fail')
@@ -456,3 +601,53 @@ def test_jobs_through_the_engine_spend_at_most_their_budget(ai_budget_rt, fake):
     assert sum(costs) == 3 * max_cost
     assert spend_of(AiBudget.get().id) == (3 * max_cost, 0)
     assert AiBudgetReservation.select().count() == 0
+
+
+# ---------------------------------------------------------------- issue 31's four cases
+@pytest.fixture
+def fifty_rt(make_runtime, fake):
+    rt = make_runtime(
+        AIJOB_PROVIDER_BASE_URL=fake.base_url,
+        AIJOB_PROVIDER_MODEL='m',
+        AIJOB_PLATFORM_API_KEY=PROVIDER_SETTINGS['AIJOB_PLATFORM_API_KEY'],
+        AIJOB_PRICE_TABLE=budget_cases.PRICES,
+        AIJOB_BUDGET_MAX_TOKENS=str(budget_cases.MAX_TOKENS),
+        AIJOB_INTERACTIVE_CONCURRENCY='8',
+        AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',
+        AIJOB_DAILY_JOB_QUOTA='0',
+        **FAST_SETTINGS,
+    )
+    # Every create goes in: the calls are what is counted here.
+    rt.service.budget_check = None
+    with rt.store.connection():
+        rt.start_background()
+        yield rt
+        rt.stop_background(timeout_s=5)
+
+
+@pytest.mark.parametrize('case', sorted(budget_cases.CASES))
+def test_fifty_jobs_in_one_process_spend_at_most_their_budget_and_none_is_refused_with_room(
+    fifty_rt, fake, case
+):
+    rt = fifty_rt
+    input, reply = budget_cases.CASES[case]
+    fake.script(replace(reply, first_delay_s=0.05))
+    cost = budget_cases.max_cost(rt, input)
+    budget, _ = rt.budgets.put('user', 'fifty', 'day', Decimal(10 * cost), 'fail')
+    jobs = [
+        create_job(rt, job_type='flashcard_generation', user_id='fifty', input=input)
+        for _ in range(budget_cases.JOBS)
+    ]
+    ids = [job.id for job in jobs]
+    wait_until(
+        lambda: (
+            AiJob.select()
+            .where(AiJob.id.in_(ids) & AiJob.lifecycle_status.not_in(list(TERMINAL)))
+            .count()
+            == 0
+        ),
+        timeout=120,
+        interval=0.2,
+    )
+    run = budget_cases.outcome(budget, 'fifty', ids, cost, fake)
+    print(budget_cases.check(case, run))

@@ -625,8 +625,9 @@ SETTINGS = (
         'AIJOB_BUDGET_MAX_TOKENS',
         '4096',
         positive_int,
-        'Completion tokens a budget reserves for a call whose route entry sets no max_tokens: '
-        'a call reserves prompt tokens x prompt price + this x completion price.',
+        'The max_tokens sent with a call whose route entry sets no maxTokens, and what a budget '
+        "reserves for its completion: a call reserves its prompt's bound x prompt price + "
+        'this x completion price.',
     ),
     # ---- issue 21 item 4: rate limits per provider/model (engine/gateway/ratelimits.py)
     Setting(

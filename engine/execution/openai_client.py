@@ -25,6 +25,11 @@ from .providers import Provider, ProviderResult, Usage
 
 WATCH_INTERVAL_S = 0.05  # how soon a cancel or deadline interrupts a stalled read
 CHARS_PER_TOKEN = 4  # the usual estimate when a server reports no usage
+# The most tokens a chat template adds around each message (its special tokens and separators,
+# besides the role's name, which is counted by its bytes) and once per request (the start of
+# the text, the reply's opening, a default system preamble such as Qwen's or Llama 3.1's).
+TEMPLATE_TOKENS_PER_MESSAGE = 8
+TEMPLATE_TOKENS_PER_REQUEST = 128
 CONTEXT_LENGTH_MARKERS = ('context_length', 'context length', 'maximum context', 'too many tokens')
 
 
@@ -362,10 +367,37 @@ def estimate_tokens(messages):
     return sum(len(message['content']) for message in messages) // CHARS_PER_TOKEN
 
 
-def estimate_prompt_tokens(provider, request):
-    """The prompt tokens of ``request`` as ``provider`` would render it (what rate limits and
-    budgets reserve); 0 for a provider without templates, or a prompt that cannot render (the
+def prompt_token_bound(messages):
+    """The most prompt tokens ``messages`` can count as, whatever the tokenizer, as long as it
+    is byte-level BPE (GPT, Llama 3, Qwen, DeepSeek) or SentencePiece with byte fallback: each
+    token of the text stands for at least one of its UTF-8 bytes, so the text counts at most
+    its byte length; the template adds the allowances above. It is about 4 times what a
+    tokenizer counts for English and 3 to 5 times for Chinese: the headroom budgets pay for
+    never under-reserving."""
+    total = TEMPLATE_TOKENS_PER_REQUEST
+    for message in messages:
+        text = message['role'] + message['content']  # the templates render text only
+        total += len(text.encode('utf-8')) + TEMPLATE_TOKENS_PER_MESSAGE
+    return total
+
+
+def prompt_token_bound_of(provider, request):
+    """``prompt_token_bound`` of ``request`` as ``provider`` would render it (what budgets
+    reserve), or None for a provider without templates, or a prompt that cannot render (the
     call itself then reports it)."""
+    prompts = getattr(provider, 'prompts', None)
+    if prompts is None:
+        return None
+    try:
+        return prompt_token_bound(prompts.render(request))
+    except Exception:  # noqa: BLE001 - reported by the call, not by its bound
+        return None
+
+
+def estimate_prompt_tokens(provider, request):
+    """The prompt tokens of ``request`` as ``provider`` would render it, 4 characters a token
+    (what rate limits reserve, as providers' own limits estimate); 0 for a provider without
+    templates, or a prompt that cannot render (the call itself then reports it)."""
     prompts = getattr(provider, 'prompts', None)
     if prompts is None:
         return 0

@@ -3,13 +3,16 @@ month or in total, each with an amount in the units of ``ai_usage_log.cost`` and
 when it is spent (``fail`` the job, or ``wait`` until the period resets).
 
 Exact under any concurrency: before each provider call the BudgetGuard *reserves* the call's
-maximum cost (estimated prompt tokens x prompt price + max_tokens x completion price) in one
-transaction that locks the budget rows that apply (``SELECT … FOR UPDATE`` on MariaDB; SQLite
-serialises writers at BEGIN IMMEDIATE), checks ``spent + reserved + max <= amount`` for each and
-counts the reservation; the transaction that writes the call's usage row settles it (the
-reservation goes, the real cost is added to ``spent``). Spend is kept per (budget, period) in
-``ai_budget_spend`` in millionths, so a check reads a few rows, whatever the history. A call is
-counted in the period it was reserved in.
+maximum cost (the prompt's token bound x prompt price + max_tokens x completion price; the bound
+is openai_client.prompt_token_bound, no tokenizer counts more, and the call sends that
+max_tokens) in one transaction that locks the budget rows that apply (``SELECT … FOR UPDATE``
+on MariaDB; SQLite serialises writers at BEGIN IMMEDIATE), checks ``spent + reserved + max <=
+amount`` for each and counts the reservation; the transaction that writes the call's usage row
+settles it (the reservation goes, the real cost is added to ``spent``). A call that does not
+fit only because of the reservations of calls in flight waits for them (the job is deferred for
+a short while, IN_FLIGHT_WAIT_S and doubling); only ``spent + max > amount`` refuses it. Spend
+is kept per (budget, period) in ``ai_budget_spend`` in millionths, so a check reads a few rows,
+whatever the history. A call is counted in the period it was reserved in.
 
 A reservation whose worker died before settling is released by the reaper (``release_leaked``)
 once its job's lock is gone: the job finished, moved on to another attempt, or its lock expired
@@ -24,6 +27,7 @@ hands the service its create-time check and the reaper its release."""
 
 import calendar
 import datetime
+import random
 import threading
 import time
 from contextlib import nullcontext
@@ -33,7 +37,7 @@ from decimal import ROUND_UP, Decimal
 from ..core.errors import BudgetExceededError, BudgetExceededFailure, JobDeferred, JobFailure
 from ..core.models import AiBudget, AiBudgetSpend, new_id
 from ..core.sql import placeholders, statement
-from ..execution.openai_client import estimate_prompt_tokens
+from ..execution.openai_client import prompt_token_bound_of
 from ..execution.providers import CallGuard, Usage
 from .batches.items import OPEN_STATES as OPEN_ITEM_STATES
 from .batches.items import PARKED
@@ -44,6 +48,11 @@ ON_EXCEEDED = ('fail', 'wait')
 MICROS = 1_000_000  # ai_usage_log.cost has 6 decimal places: spend is kept in millionths
 CACHE_S = 1.0  # how long a process trusts its list of budgets (creates and calls read it)
 RELEASE_BATCH = 500
+# A call that waits for calls in flight to settle is deferred this long, doubled at each of the
+# job's deferrals up to IN_FLIGHT_WAIT_MAX_S (so a long wait costs few locks), give or take a
+# quarter (so the jobs deferred together do not all come back together).
+IN_FLIGHT_WAIT_S = 0.25
+IN_FLIGHT_WAIT_MAX_S = 2.0
 
 
 def to_micros(amount):
@@ -142,6 +151,19 @@ class Exceeded:
         """Until the last of the exceeded periods resets."""
         resets = [period_reset(b.period, self.now) for b in self.budgets]
         return max((r - self.now).total_seconds() for r in resets)
+
+
+@dataclass
+class InFlight:
+    """Why a reservation must wait: the budgets it fits once the calls in flight settle (their
+    ``spent + max`` fits; ``spent + reserved + max`` does not)."""
+
+    budgets: list
+
+    def wait_s(self, defer_count):
+        """How long the job waits before it tries again, after ``defer_count`` deferrals."""
+        wait = min(IN_FLIGHT_WAIT_MAX_S, IN_FLIGHT_WAIT_S * 2 ** min(defer_count, 8))
+        return wait * random.uniform(0.75, 1.25)
 
 
 def refusal_message(budget, now):
@@ -364,7 +386,8 @@ class Budgets:
     # -- the create-time check
     def check_creatable(self, user_id, job_type):
         """Refuse a create (BudgetExceededError, 429) when a budget that applies is spent:
-        ``spent + reserved >= amount``. Free when no budget applies (the list is cached)."""
+        ``spent >= amount`` (what calls in flight reserved may yet be left unspent). Free when
+        no budget applies (the list is cached)."""
         if not self.applicable(user_id, job_type):
             return
         rows = self.store.execute(READ_WITH_SPEND, (user_id, job_type)).fetchall()
@@ -374,7 +397,7 @@ class Budgets:
         spent = []
         for budget in budgets:
             found = spend.get((budget.id, period_key(budget.period, now)))
-            if found is not None and found[1] + found[2] >= budget.amount_micros:
+            if found is not None and found[1] >= budget.amount_micros:
                 spent.append(budget)
         if not spent:
             return
@@ -388,7 +411,8 @@ class Budgets:
     def reserve(self, job, call_no, max_micros):
         """Reserve ``max_micros`` against every budget that applies to ``job``, in one
         transaction that locks them. Returns a Reservation, None when no budget applies any
-        more, or an Exceeded (nothing reserved)."""
+        more, an Exceeded when ``spent + max_micros`` passes a budget, or an InFlight when only
+        the reservations of calls in flight leave no room (nothing reserved for either)."""
         with self._unit():
             return self.store.run_in_transaction(lambda tx: self._reserve(job, call_no, max_micros))
 
@@ -403,14 +427,18 @@ class Budgets:
             spend = self._spend(budgets, now)
         if len(spend) < len(budgets):  # a period's first call: its spend row is made now
             spend = self._ensure_spend(budgets, now)
-        ids, exceeded = [], []
+        ids, exceeded, crowded = [], [], []
         for budget in budgets:
             spend_id, spent, reserved = spend[(budget.id, period_key(budget.period, now))]
             ids.append(spend_id)
-            if spent + reserved + max_micros > budget.amount_micros:
+            if spent + max_micros > budget.amount_micros:
                 exceeded.append(budget)
+            elif spent + reserved + max_micros > budget.amount_micros:
+                crowded.append(budget)
         if exceeded:
             return Exceeded(exceeded, now, max_micros)
+        if crowded:
+            return InFlight(crowded)
         self.store.execute(_reserve_sql(len(ids)), [max_micros, *ids])
         cursor = self.store.execute(
             INSERT_RESERVATION,
@@ -515,8 +543,9 @@ class Budgets:
 # ---------------------------------------------------------------- the guard
 class BudgetGuard(CallGuard):
     """Reserves each call's maximum cost before it (or fails the job BUDGET_EXCEEDED, or defers
-    it when every budget it would pass says ``wait``), settles the reservation with the call's
-    usage row, and releases it when the call was not made."""
+    it when every budget it would pass says ``wait``, or while calls in flight hold the room it
+    needs), settles the reservation with the call's usage row, and releases it when the call
+    was not made."""
 
     NOTE = 'budgets'
 
@@ -535,6 +564,9 @@ class BudgetGuard(CallGuard):
         outcome = self.budgets.reserve(job, call.call_no, max_micros)
         if isinstance(outcome, Exceeded):
             raise self._refusal(outcome)
+        if isinstance(outcome, InFlight):
+            detail = {'budgetIds': [b.id for b in outcome.budgets], 'inFlight': True}
+            raise JobDeferred(outcome.wait_s(job.defer_count or 0), 'budget', detail)
         if outcome is not None:
             call.notes[self.NOTE] = outcome
         return None
@@ -557,9 +589,12 @@ class BudgetGuard(CallGuard):
             self.budgets.settle(reservation, cost)
 
     def max_cost_micros(self, call):
-        """The most the call can cost: its prompt tokens (estimated) at the prompt price plus
-        its max_tokens at the completion price."""
-        prompt_tokens = call.prompt_tokens or estimate_prompt_tokens(call.provider, call.request)
+        """The most the call can cost: its prompt's token bound at the prompt price plus its
+        max_tokens at the completion price (a provider without templates: the prompt tokens
+        its gateway estimated)."""
+        prompt_tokens = prompt_token_bound_of(call.provider, call.request)
+        if prompt_tokens is None:
+            prompt_tokens = call.prompt_tokens
         completion_tokens = call.max_tokens or self.max_tokens
         price = call.price
         if price is None:

@@ -117,15 +117,19 @@ def _will_retry(call, error_code):
 
 class RoutedGateway(AiGateway):
     """The gateway of AIJOB_PROVIDERS (or the one-provider shorthand): one OpenAI-compatible
-    client per provider, routes of provider/model entries, the prices and limits of each."""
+    client per provider, routes of provider/model entries, the prices and limits of each.
+    ``default_max_tokens``: the completion cap of an entry that sets no ``maxTokens``
+    (AIJOB_BUDGET_MAX_TOKENS), sent with its calls so no call writes more than a budget
+    reserved for it."""
 
-    def __init__(self, base, table, pricing, prompts, cooldowns, store):
+    def __init__(self, base, table, pricing, prompts, cooldowns, store, default_max_tokens):
         # The plugins' own providers (synthetic, …) stay, for the definitions that name them.
         super().__init__(base.providers(), default_provider=base.default_provider)
         self.table = table
         self.pricing = pricing
         self.cooldowns = cooldowns
         self.store = store
+        self.default_max_tokens = default_max_tokens
         for spec in table.providers.values():
             self.add(
                 OpenAICompatibleProvider(
@@ -226,10 +230,11 @@ class RoutedGateway(AiGateway):
     def _call_for(self, attempt, request, state, index):
         entry = state.entries[index]
         spec = self.table.model(entry)
+        max_tokens = spec.max_tokens or self.default_max_tokens
         request = dataclasses.replace(
             request,
             model=entry.model,
-            max_tokens=spec.max_tokens,
+            max_tokens=max_tokens,
             credential=self._credential(request.credential, entry.provider),
         )
         provider = self._providers[entry.provider]
@@ -240,7 +245,7 @@ class RoutedGateway(AiGateway):
             provider=provider,
             model=entry.model,
             call_no=request.attempt,
-            max_tokens=spec.max_tokens,
+            max_tokens=max_tokens,
             prompt_tokens=estimate_prompt_tokens(provider, request),
             price=self.pricing.price(entry.provider, entry.model),
             limits=spec.limits,

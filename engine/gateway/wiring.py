@@ -25,7 +25,9 @@ def install(ai, config, store, redis):
     }
     ai.pricing = ai.pricing.with_entries(prices)
     cooldowns = open_cooldowns(config, redis)
-    gateway = RoutedGateway(ai.gateway, table, ai.pricing, ai.prompts, cooldowns, store)
+    gateway = RoutedGateway(
+        ai.gateway, table, ai.pricing, ai.prompts, cooldowns, store, config.budget_max_tokens
+    )
     ai.gateway = gateway
     ai.guards.extend([CooldownGuard(cooldowns), FallbackGuard(gateway, store)])
     return ai

@@ -10,9 +10,9 @@ import select
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 
@@ -22,7 +22,12 @@ class Reply:
     """One scripted answer. ``status`` != 200 sends ``error_body`` as JSON with ``headers``;
     otherwise ``content`` is streamed in ``chunks`` pieces, ``delay_s`` apart, after
     ``first_delay_s`` (which delays an error answer too); ``finish_reason`` None ends the
-    stream without one (a broken upstream)."""
+    stream without one (a broken upstream).
+
+    ``prompt_tokens``: a function of the request's messages giving the prompt tokens the usage
+    reports (a provider's own tokenizer). ``completion_tokens``: the reply is that many tokens,
+    ``content`` the first and a space each of the others, and, as OpenAI does, the request's
+    ``max_tokens`` cuts it (``finish_reason`` "length"); the usage reports the tokens written."""
 
     status: int = 200
     content: str = ''
@@ -36,6 +41,27 @@ class Reply:
     )
     headers: dict = field(default_factory=dict)
     error_body: Optional[dict] = None
+    prompt_tokens: Optional[Callable] = None
+    completion_tokens: Optional[int] = None
+
+    def for_request(self, body):
+        """This reply as it answers ``body``: its counted prompt, its tokens cut at the
+        request's ``max_tokens``."""
+        if self.prompt_tokens is None and self.completion_tokens is None:
+            return self
+        usage = dict(self.usage or {})
+        if self.prompt_tokens is not None:
+            usage['prompt_tokens'] = self.prompt_tokens(body.get('messages') or [])
+        if self.completion_tokens is None:
+            return replace(self, usage=usage)
+        written = min(self.completion_tokens, body.get('max_tokens') or self.completion_tokens)
+        usage['completion_tokens'] = written
+        return replace(
+            self,
+            content=self.content + ' ' * (written - 1),
+            finish_reason='length' if written < self.completion_tokens else self.finish_reason,
+            usage=usage,
+        )
 
 
 def json_reply(obj, **kw):
@@ -151,7 +177,7 @@ def _handler_for(fake):
             wait_s = fake.admit()
             if wait_s is not None:
                 return self._send_json(429, _RATE_LIMITED, {'Retry-After': str(math.ceil(wait_s))})
-            reply = fake.next_reply(body)
+            reply = fake.next_reply(body).for_request(body)
             if reply.status != 200:
                 time.sleep(reply.first_delay_s)  # a slow error: the server thought first
                 return self._send_json(reply.status, reply.error_body or {}, reply.headers)
