@@ -258,5 +258,5 @@ def test_an_oversized_body_sent_whole_before_reading_gets_its_413_every_time(ser
         except OSError as error:  # URLError included: what the client met instead of an answer
             answers.append(repr(error))
     assert answers == [(413, 'PAYLOAD_TOO_LARGE')] * 20
-    # The connection is free for the next request at once.
+    # The lingering closes held nothing up: the server answers the next request.
     assert http('GET', base + '/healthz').status == 200
