@@ -13,7 +13,7 @@ CREATE TABLE IF NOT EXISTS `ai_job` (
   `job_type` VARCHAR(64) NOT NULL,
   `target_type` VARCHAR(64) NOT NULL,
   `target_id` VARCHAR(128) NOT NULL,
-  `idempotency_key` VARCHAR(255) NULL,
+  `idempotency_key` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,  -- exact: initdb makes it NO PAD where it can (store.py)
   `request_fingerprint` VARCHAR(64) NOT NULL,   -- SHA-256 of the canonical request
   `credential_mode` VARCHAR(32) NOT NULL,       -- platform_key | user_deepseek_key
   `credential_id` VARCHAR(36) NULL,
@@ -89,7 +89,7 @@ CREATE TABLE IF NOT EXISTS `outbox_event` (
   `event_type` VARCHAR(64) NOT NULL,
   `aggregate_type` VARCHAR(64) NOT NULL,
   `aggregate_id` VARCHAR(64) NOT NULL,
-  `dedupe_key` VARCHAR(255) NOT NULL,
+  `dedupe_key` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,  -- exact, as idempotency_key
   `payload` LONGTEXT NOT NULL,                  -- JSON: {jobId, jobType, queueName, priority} only
   `status` VARCHAR(16) NOT NULL,                -- pending | processing | published | failed | dead
   `attempt_count` INTEGER NOT NULL,

@@ -183,7 +183,15 @@ def test_a_job_cancelled_in_a_batch_ends_at_once_and_its_line_is_ignored(make_ba
         assert (status['lifecycleStatus'], status['batchId']) == ('running', batch.id)
         assert api.b.get('/api/ai/jobs/%s' % kept).status == 404
 
-        assert rt.service.cancel_job(cancelled).lifecycle_status == 'cancelled'  # at once
+        # Parked, its status says running; its cancel finishes it at once, so the answer is
+        # 200 with the status cancelled (the code follows the status the answer carries).
+        waiting = api.a.get('/api/ai/jobs/%s' % cancelled).json
+        assert (waiting['lifecycleStatus'], waiting['batchId']) == ('running', batch.id)
+        answer = api.a.post('/api/ai/jobs/%s/cancel' % cancelled)
+        assert (answer.status, answer.json['lifecycleStatus']) == (200, 'cancelled')
+        assert answer.json['errorCode'] == 'CANCELLED' and 'batchId' not in answer.json
+        again = api.a.post('/api/ai/jobs/%s/cancel' % cancelled)
+        assert (again.status, again.error_code) == (409, 'JOB_ALREADY_CANCELLED')
         batch_fake.set_status(batch.provider_batch_id, 'completed')
         jobs = all_terminal([kept, cancelled])
 

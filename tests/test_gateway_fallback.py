@@ -17,6 +17,7 @@ import redis
 from engine.core.models import AiJob, AiJobEvent, AiUsageLog
 from engine.core.registry import CredentialPolicy
 from engine.core.status_view import find_for_status, job_status
+from engine.execution.context_errors import CONTEXT_LENGTH_SIGNS, context_length_sign
 from engine.gateway.cooldowns import (
     ANSWERED,
     FAILED,
@@ -226,6 +227,132 @@ def test_context_length_moves_to_the_next_entry_with_a_larger_context(routed_rt,
             400, "This model's maximum context length is 8000 tokens", 'context_length_exceeded'
         )
     )
+    job = run(rt)
+    assert job.lifecycle_status == 'succeeded'
+    code = 'PROVIDER_BAD_REQUEST_CONTEXT_LENGTH'
+    assert usage(job) == [('a', 'small', code), ('b', 'big', None)]
+    assert fallbacks(job) == [('a/small', 'b/big', code)]
+    assert len(a.requests) == 1
+
+
+# The error bodies servers answer when a request does not fit, each with the sign of
+# CONTEXT_LENGTH_SIGNS it is recognised by.
+CONTEXT_LENGTH_BODIES = {
+    'openai': (
+        {
+            'error': {
+                'message': "This model's maximum context length is 8192 tokens. However, your "
+                'messages resulted in 9000 tokens. Please reduce the length of the messages.',
+                'type': 'invalid_request_error',
+                'param': 'messages',
+                'code': 'context_length_exceeded',
+            }
+        },
+        ('OpenAI', 'code'),
+    ),
+    'llama.cpp': (
+        {
+            'error': {
+                'code': 400,
+                'message': 'request (9000 tokens) exceeds the available context size '
+                '(8192 tokens), try increasing it',
+                'type': 'exceed_context_size_error',
+                'n_prompt_tokens': 9000,
+                'n_ctx': 8192,
+            }
+        },
+        ('llama.cpp', 'type'),
+    ),
+    'llama.cpp, older': (
+        {
+            'error': {
+                'code': 400,
+                'message': 'the request exceeds the available context size, try increasing it',
+                'type': 'invalid_request_error',
+            }
+        },
+        ('llama.cpp', 'message'),
+    ),
+    'litellm': (
+        {
+            'error': {
+                'message': 'litellm.BadRequestError: litellm.ContextWindowExceededError: '
+                'AnthropicError - prompt is too long: 209303 tokens > 200000 maximum\n'
+                'Received Model Group=small\nAvailable Model Group Fallbacks=None',
+                'type': None,
+                'param': None,
+                'code': '400',
+            }
+        },
+        ('LiteLLM', 'message'),
+    ),
+    'vllm, decoder prompt': (
+        {
+            'error': {
+                'object': 'error',
+                'message': 'The decoder prompt (length 9000) is longer than the maximum model '
+                'length of 8192. Make sure that `max_model_len` is no smaller than the number '
+                'of text tokens.',
+                'type': 'BadRequestError',
+                'param': None,
+                'code': 400,
+            }
+        },
+        ('vLLM', 'message'),
+    ),
+    'vllm': (
+        {  # older vLLM servers send the error object itself, with no "error" around it
+            'object': 'error',
+            'message': "This model's maximum context length is 8192 tokens. However, you "
+            'requested 9000 tokens (8000 in the messages, 1000 in the completion). Please '
+            'reduce the length of the messages or completion.',
+            'type': 'BadRequestError',
+            'param': None,
+            'code': 400,
+        },
+        ('OpenAI, DeepSeek, vLLM', 'message'),
+    ),
+    'deepseek': (
+        {
+            'error': {
+                'message': "This model's maximum context length is 65536 tokens. However, you "
+                'requested 66343 tokens (62247 in the messages, 4096 in the completion). Please '
+                'reduce the length of the messages or completion.',
+                'type': 'invalid_request_error',
+                'param': None,
+                'code': 'invalid_request_error',
+            }
+        },
+        ('OpenAI, DeepSeek, vLLM', 'message'),
+    ),
+}
+
+
+def test_every_context_length_sign_is_the_one_a_real_error_body_is_recognised_by():
+    found = {}
+    for name, (body, expected) in CONTEXT_LENGTH_BODIES.items():
+        error = body.get('error', body)
+        sign = context_length_sign(error.get('code'), error.get('type'), error['message'])
+        assert (sign.provider, sign.field) == expected, name
+        found[name] = sign
+    assert set(found.values()) == set(CONTEXT_LENGTH_SIGNS)
+    # Another bad request is none of them.
+    assert context_length_sign('invalid_request_error', None, 'unknown parameter: foo') is None
+    assert context_length_sign(400, 'BadRequestError', 'max_tokens must be at least 1') is None
+
+
+@pytest.mark.parametrize('server', sorted(CONTEXT_LENGTH_BODIES))
+def test_each_servers_context_length_error_moves_to_the_entry_with_a_larger_context(
+    routed_rt, fakes, server
+):
+    a, b = fakes
+    a_models = {'small': {'context': 8000}}
+    b_models = {'big': {'context': 128000}}
+    route = ['a/small', 'b/big']
+    rt = routed_rt(
+        AIJOB_PROVIDERS=providers(a, b, a_models=a_models, b_models=b_models, route=route)
+    )
+    a.script(Reply(status=400, error_body=CONTEXT_LENGTH_BODIES[server][0]))
     job = run(rt)
     assert job.lifecycle_status == 'succeeded'
     code = 'PROVIDER_BAD_REQUEST_CONTEXT_LENGTH'

@@ -10,6 +10,7 @@ from engine.core.errors import (
     UnknownJobTypeError,
 )
 from engine.core.models import AiJob, AiJobSnapshot, OutboxEvent
+from engine.core.store import EXACT_COLUMNS
 from tests.support.helpers import new_request, run_threads
 
 
@@ -76,6 +77,59 @@ def test_the_key_is_scoped_per_user_and_job_type(runtime):
     a = runtime.service.create_job(new_request(key='k1', user_id='user-a')).job
     b = runtime.service.create_job(new_request(key='k1', user_id='user-b')).job
     assert a.id != b.id and counts() == (2, 2, 2)
+
+
+EXACT_KEYS = ('abc', 'ABC', 'abc ')
+
+
+def dedupe_keys():
+    return sorted(e.dedupe_key for e in OutboxEvent.select())
+
+
+def test_keys_that_differ_in_letter_case_or_a_trailing_space_are_three_jobs(runtime):
+    created = [runtime.service.create_job(new_request(key=key)) for key in EXACT_KEYS]
+    assert [r.created for r in created] == [True] * 3
+    assert len({r.job.id for r in created}) == 3
+    assert [AiJob.get_by_id(r.job.id).idempotency_key for r in created] == list(EXACT_KEYS)
+    assert dedupe_keys() == sorted('synthetic:user-a:' + key for key in EXACT_KEYS)
+    # Each key replays its own job, found by exact comparison.
+    again = [runtime.service.create_job(new_request(key=key)) for key in EXACT_KEYS]
+    assert [r.created for r in again] == [False] * 3
+    assert [r.job.id for r in again] == [r.job.id for r in created]
+    assert counts() == (3, 3, 3)
+
+
+def test_initdb_makes_the_key_columns_of_an_older_database_exact(runtime):
+    store = runtime.store
+    if store.dialect != 'mysql':
+        pytest.skip("SQLite's default collation compares keys exactly from the start")
+    exact = store.exact_collation()
+    assert exact == 'utf8mb4_nopad_bin'  # MariaDB's binary NO PAD collation
+    for table, column, kind, nullability in EXACT_COLUMNS:
+        assert store.column_collation(table, column) == exact
+        # as a database created before: the server's case-insensitive default
+        store.db.execute_sql(
+            'ALTER TABLE %s MODIFY %s %s CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci %s'
+            % (table, column, kind, nullability)
+        )
+    first = runtime.service.create_job(new_request(key='abc'))
+    collided = runtime.service.create_job(new_request(key='ABC'))
+    assert not collided.created and collided.job.id == first.job.id  # the old collision
+
+    store.create_schema()  # initdb
+    store.create_schema()  # twice: nothing left to change
+    for table, column, _, nullability in EXACT_COLUMNS:
+        assert store.column_collation(table, column) == exact
+        nullable = store.db.execute_sql(
+            'SELECT IS_NULLABLE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() '
+            'AND TABLE_NAME = %s AND COLUMN_NAME = %s',
+            (table, column),
+        ).fetchone()[0]
+        assert nullable == ('YES' if nullability == 'NULL' else 'NO')
+    others = [runtime.service.create_job(new_request(key=key)) for key in EXACT_KEYS[1:]]
+    assert [r.created for r in others] == [True, True]
+    assert runtime.service.create_job(new_request(key='abc')).job.id == first.job.id
+    assert counts() == (3, 3, 3)
 
 
 def test_fifty_threads_with_one_key_make_one_job(runtime):

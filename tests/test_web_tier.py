@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -225,3 +227,36 @@ def test_web_long_polls_wake_on_a_change_made_elsewhere(backend, make_runtime, t
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+
+
+def test_an_oversized_body_sent_whole_before_reading_gets_its_413_every_time(serve):
+    """urllib writes the whole body before it reads the answer: the server answers 413 at once
+    and then reads and drops the rest of the body (up to 4 times AIJOB_MAX_BODY_BYTES) before
+    it closes, so the client reads the 413, not a reset or a broken pipe."""
+    base, _, token, _ = serve()
+    body = json.dumps(
+        {
+            'jobType': 'synthetic',
+            'targetType': 'note',
+            'targetId': 'n1',
+            'input': {'text': 'x' * (3 << 20)},
+        }
+    ).encode('utf-8')
+    answers = []
+    for _ in range(20):
+        request = urllib.request.Request(
+            base + '/api/ai/jobs',
+            data=body,
+            method='POST',
+            headers={'Content-Type': 'application/json', 'Authorization': 'Bearer ' + token},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                answers.append(reply.status)
+        except urllib.error.HTTPError as error:
+            answers.append((error.code, json.loads(error.read())['error']['code']))
+        except OSError as error:  # URLError included: what the client met instead of an answer
+            answers.append(repr(error))
+    assert answers == [(413, 'PAYLOAD_TOO_LARGE')] * 20
+    # The lingering closes held nothing up: the server answers the next request.
+    assert http('GET', base + '/healthz').status == 200

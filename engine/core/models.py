@@ -103,7 +103,7 @@ class AiJob(BaseModel):
     job_type = CharField(max_length=64)
     target_type = CharField(max_length=64)
     target_id = CharField(max_length=128)
-    idempotency_key = CharField(max_length=255, null=True)
+    idempotency_key = CharField(max_length=255, null=True)  # exact: store.EXACT_COLUMNS
     request_fingerprint = CharField(max_length=64)
     credential_mode = CharField(max_length=32)
     credential_id = CharField(max_length=36, null=True)
@@ -199,7 +199,7 @@ class OutboxEvent(BaseModel):
     event_type = CharField(max_length=64)
     aggregate_type = CharField(max_length=64)
     aggregate_id = CharField(max_length=64)
-    dedupe_key = CharField(max_length=255, unique=True)
+    dedupe_key = CharField(max_length=255, unique=True)  # exact: store.EXACT_COLUMNS
     payload = JSONText()
     status = CharField(max_length=16)
     attempt_count = IntegerField(default=0)

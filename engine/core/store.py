@@ -39,6 +39,19 @@ CHECK_FAILED = 4025
 # SIGNAL's error: a statement of ours refusing its transaction (lifecycle's guard of a terminal
 # UPDATE), the server answering.
 SIGNALLED = 1644
+# Columns whose values are compared as exact strings, MySQL/MariaDB only: (table, column, type,
+# nullability). A client's idempotency key, and the enqueue dedupe key built from it, is the
+# same key only byte for byte (as the IETF draft and Stripe treat keys), where the server's
+# default collation would make 'abc', 'ABC' and 'abc ' one key. SQLite compares them exactly
+# already (its default collation, BINARY). The hex digests (token, session, cache keys) and the
+# ids the engine makes are lowercase by construction, so their collation changes nothing.
+EXACT_COLUMNS = (
+    ('ai_job', 'idempotency_key', 'VARCHAR(255)', 'NULL'),
+    ('outbox_event', 'dedupe_key', 'VARCHAR(255)', 'NOT NULL'),
+)
+# The exact collations, best first: binary and NO PAD (trailing spaces count), MariaDB's then
+# MySQL 8's; utf8mb4_bin (schema.sql's, on every server) still tells letter case apart.
+EXACT_COLLATIONS = ('utf8mb4_nopad_bin', 'utf8mb4_0900_bin', 'utf8mb4_bin')
 # Indexes that came later, likewise: (table, index name, columns).
 ADDED_INDEXES = (
     ('ai_job', 'ai_job_finished_at', 'finished_at'),
@@ -420,6 +433,33 @@ class Store:
                     self.db.execute_sql(
                         'ALTER TABLE %s ADD CONSTRAINT %s CHECK (%s)' % (table, name, condition)
                     )
+            self._make_keys_exact()
+
+    def _make_keys_exact(self):
+        """Give EXACT_COLUMNS the server's best exact collation, a table from an older release
+        (the server's case-insensitive default) included. Only a column whose collation differs
+        is altered (the ALTER copies its table once); safe to run twice."""
+        collation = self.exact_collation()
+        for table, column, kind, nullability in EXACT_COLUMNS:
+            if self.column_collation(table, column) != collation:
+                self.db.execute_sql(
+                    'ALTER TABLE %s MODIFY %s %s CHARACTER SET utf8mb4 COLLATE %s %s'
+                    % (table, column, kind, collation, nullability)
+                )
+
+    def exact_collation(self):
+        """The first of EXACT_COLLATIONS this MySQL/MariaDB server has."""
+        listed = self.db.execute_sql(
+            'SELECT COLLATION_NAME FROM information_schema.COLLATIONS WHERE COLLATION_NAME IN '
+            '(%s)' % ', '.join(['%s'] * len(EXACT_COLLATIONS)),
+            EXACT_COLLATIONS,
+        )
+        have = {row[0] for row in listed.fetchall()}
+        return next(name for name in EXACT_COLLATIONS if name in have)
+
+    def column_collation(self, table, column):
+        """A MySQL/MariaDB column's collation in this database."""
+        return self.db.execute_sql(_COLLATION_OF, (table, column)).fetchone()[0]
 
     def ping(self):
         """Raise StoreUnavailableError unless a trivial query answers."""
@@ -438,6 +478,10 @@ class Store:
             self.db.close()
 
 
+_COLLATION_OF = (
+    'SELECT COLLATION_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() '
+    'AND TABLE_NAME = %s AND COLUMN_NAME = %s'
+)
 _CHECK_LISTED = (
     'SELECT 1 FROM information_schema.TABLE_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = DATABASE() '
     "AND TABLE_NAME = %s AND CONSTRAINT_NAME = %s AND CONSTRAINT_TYPE = 'CHECK'"

@@ -20,6 +20,7 @@ from ..core.errors import (
     ProviderError,
     ProviderRequestError,
 )
+from .context_errors import context_length_sign
 from .prompts import default_library
 from .providers import Provider, ProviderResult, Usage
 
@@ -30,7 +31,6 @@ CHARS_PER_TOKEN = 4  # the usual estimate when a server reports no usage
 # the text, the reply's opening, a default system preamble such as Qwen's or Llama 3.1's).
 TEMPLATE_TOKENS_PER_MESSAGE = 8
 TEMPLATE_TOKENS_PER_REQUEST = 128
-CONTEXT_LENGTH_MARKERS = ('context_length', 'context length', 'maximum context', 'too many tokens')
 
 
 class OpenAICompatibleProvider(Provider):
@@ -235,13 +235,16 @@ def classify(exc):
 
 def _classify_status(exc):
     retry_after_s = retry_after_seconds(exc.response.headers)
-    return status_failure(exc.status_code, _error_message(exc), exc.code, retry_after_s)
+    return status_failure(
+        exc.status_code, _error_message(exc), exc.code, retry_after_s, error_type=exc.type
+    )
 
 
-def status_failure(status, message, code=None, retry_after_s=None):
-    """contracts §5.2 class of an HTTP ``status`` the provider answered, with its error
-    ``message`` and ``code``: the online call's failure, and a provider batch's failed line's."""
-    detail = 'provider answered HTTP %d: %s' % (status, message)
+def status_failure(status, message, code=None, retry_after_s=None, error_type=None):
+    """contracts §5.2 class of an HTTP ``status`` the provider answered, with its error body's
+    ``message``, ``code`` and ``type``: the online call's failure, and a provider batch's failed
+    line's."""
+    detail = 'provider answered HTTP %d: %s' % (status, message[:300])
     if status == 429:
         return ProviderError(detail, code='PROVIDER_RATE_LIMITED', retry_after_s=retry_after_s)
     if status in (401, 403):
@@ -252,7 +255,7 @@ def status_failure(status, message, code=None, retry_after_s=None):
         return ProviderError(detail, code='PROVIDER_UNAVAILABLE', retry_after_s=retry_after_s)
     if status >= 500:
         return ProviderError(detail, code='PROVIDER_ERROR')
-    if _is_context_length(code, message):
+    if context_length_sign(code, error_type, message):
         return ProviderRequestError(
             detail,
             code='PROVIDER_BAD_REQUEST_CONTEXT_LENGTH',
@@ -264,12 +267,7 @@ def status_failure(status, message, code=None, retry_after_s=None):
 def _error_message(exc):
     body = exc.body if isinstance(exc.body, dict) else {}
     message = body.get('message') if isinstance(body.get('message'), str) else exc.message
-    return (message or '')[:300]
-
-
-def _is_context_length(code, message):
-    text = ('%s %s' % (code or '', message)).lower()
-    return any(marker in text for marker in CONTEXT_LENGTH_MARKERS)
+    return message or ''
 
 
 def parse_completion(body, model=''):

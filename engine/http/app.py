@@ -723,6 +723,9 @@ class Api:
         job = self.visible_job(job_id, principal, admin_sees_all=False)
         job = self.runtime.service.cancel_job(job.id)
         log_event('job.cancel', job_id=job.id, job_type=job.job_type, status=job.lifecycle_status)
+        # One rule (contracts §5.4): the code follows the status the answer carries. A job no
+        # worker holds (queued, deferred, parked in a batch) is cancelled now: 200; one a worker
+        # holds is still running until the engine stops it: 202.
         return reply(self.status_body(job), 202 if job.lifecycle_status == RUNNING else 200)
 
     def list_jobs(self):

@@ -576,12 +576,14 @@ def _job_paths():
                 'responses': dict(
                     {
                         '200': _json(
-                            'Cancelled (it was queued, or running but deferred: waiting with '
-                            'no worker).',
+                            'Cancelled at once, lifecycleStatus cancelled (it was queued, or '
+                            'running with no worker holding it: deferred, or parked in a '
+                            'provider batch).',
                             _ref('JobStatusResponse'),
                         ),
                         '202': _json(
-                            'Cancel requested; the running job stops shortly.',
+                            'Cancel requested, lifecycleStatus running: a worker holds the job '
+                            'and stops it shortly.',
                             _ref('JobStatusResponse'),
                         ),
                     },

@@ -55,6 +55,10 @@ WORKER_TIMEOUT_S = 60
 KEEPALIVE_S = 5
 # Connections one worker holds beyond its long polls (plain requests, slow and idle clients).
 SPARE_CONNECTIONS = 1000
+# After a 413, the rest of the refused body is read and dropped before the connection closes,
+# up to this many times AIJOB_MAX_BODY_BYTES and for this long at most (see _linger).
+REFUSED_BODY_LINGER_FACTOR = 4
+REFUSED_BODY_LINGER_S = 5.0
 
 
 # gunicorn's own refusals (a request it cannot parse) by status, as the API's errors.
@@ -91,7 +95,8 @@ def _drain_before_close(sock, limit_s=1.0, limit_bytes=1 << 20):
     """gunicorn closes the socket next, with the rest of the refused request still unread, and
     such a close sends a reset that can destroy the answer before the client reads it. So: end
     our side, then read (and drop) what the client still sends until it closes, for a moment
-    at most. Under gevent this waits in the connection's own greenlet."""
+    at most (a lingering close, as nginx's). Under gevent this waits in the connection's own
+    greenlet."""
     try:
         sock.shutdown(socket.SHUT_WR)
         sock.settimeout(limit_s)
@@ -131,6 +136,58 @@ class GeventWorker(ggevent.GeventWorker):
             for s in self.sockets
         ]
 
+    def handle_request(self, listener_name, req, sock, addr):
+        """gunicorn's, then the lingering close of a request whose body was refused unread
+        (RefusedBodies): a client that writes its whole body before it reads (urllib, requests)
+        would otherwise meet a reset, not the answer. Such a connection always ends there (its
+        unread rest cannot be told from a next request); gunicorn ends others with
+        StopIteration."""
+        try:
+            kept = super().handle_request(listener_name, req, sock, addr)
+        except StopIteration:
+            _linger(req, sock)
+            raise
+        if _linger(req, sock):
+            raise StopIteration('the rest of a refused body was dropped')
+        return kept
+
+
+class RefusedBodies:
+    """gunicorn's pre_request and post_request hooks: they mark a request whose body will not
+    be read whole with how much of its rest to drop (GeventWorker.handle_request)."""
+
+    def __init__(self, max_body_bytes):
+        self.max_body_bytes = max_body_bytes
+        self.linger_bytes = REFUSED_BODY_LINGER_FACTOR * max_body_bytes
+
+    def pre_request(self, worker, req):
+        """A body declared larger than AIJOB_MAX_BODY_BYTES is never read, whatever the answer
+        (413, or a 401 before it): the answer says ``Connection: close``."""
+        if _declared_length(req) > self.max_body_bytes:
+            req.force_close()
+            req.aijob_linger_bytes = self.linger_bytes
+
+    def post_request(self, worker, req, environ, resp):
+        """A 413 to a body sent without a length (chunked), found too large while read."""
+        if resp is not None and resp.status_code == 413:
+            req.aijob_linger_bytes = self.linger_bytes
+
+
+def _declared_length(req):
+    """The request's Content-Length (gunicorn has checked it is a number), or 0."""
+    for name, value in req.headers:
+        if name == 'CONTENT-LENGTH':
+            return int(value)
+    return 0
+
+
+def _linger(req, sock):
+    """True when ``req``'s body was refused and its connection has had its lingering close."""
+    limit_bytes = getattr(req, 'aijob_linger_bytes', 0)
+    if limit_bytes:
+        _drain_before_close(sock, REFUSED_BODY_LINGER_S, limit_bytes)
+    return bool(limit_bytes)
+
 
 def _early_signals(server, worker):
     """Right after the fork: a worker has the master's signal handlers until gunicorn installs
@@ -161,6 +218,9 @@ class AijobGunicorn(BaseApplication):
         self.cfg.set('worker_exit', self._worker_exit)
         self.cfg.set('post_fork', self._post_fork)
         self.cfg.set('child_exit', _child_exit)
+        refused = RefusedBodies(self.config.max_body_bytes)
+        self.cfg.set('pre_request', refused.pre_request)
+        self.cfg.set('post_request', refused.post_request)
 
     def load(self):
         """Runs in each worker process, after the fork."""

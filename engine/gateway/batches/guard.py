@@ -133,6 +133,6 @@ def line_failure(response, error_code):
     status = response.get('status_code')
     if isinstance(status, int):
         error = ((response.get('body') or {}).get('error')) or {}
-        message = str(error.get('message') or '')[:300]
-        return status_failure(status, message, error.get('code'))
+        message = str(error.get('message') or '')
+        return status_failure(status, message, error.get('code'), error_type=error.get('type'))
     return ProviderError('batch line failed: %s' % (error_code or 'unknown'), code='PROVIDER_ERROR')
