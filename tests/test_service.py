@@ -12,6 +12,9 @@ from engine.core.errors import (
 from engine.core.models import AiJob, AiJobSnapshot, OutboxEvent
 from tests.support.helpers import new_request, run_threads
 
+# Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
+pytestmark = pytest.mark.all_dialects
+
 
 def counts():
     return AiJob.select().count(), AiJobSnapshot.select().count(), OutboxEvent.select().count()

@@ -10,7 +10,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from .errors import ConfigError
 from .redis_url import parse_redis_url
@@ -26,8 +26,30 @@ def database_url(value):
     ):
         return value
     if parts.scheme in ('mysql', 'mariadb') and parts.hostname and parts.path.strip('/'):
+        database_features(value)
         return value
-    raise ValueError('expected sqlite:///PATH or mysql://USER:PASS@HOST:PORT/DB')
+    raise ValueError('expected sqlite:///PATH or mysql://USER:PASS@HOST:PORT/DB[?features=mysql]')
+
+
+# The feature sets a MySQL/MariaDB URL may ask for with ``?features=``: ``mysql`` makes the store
+# use MySQL's (no INSERT … RETURNING, no anonymous blocks, no CHECK constraint) even on MariaDB,
+# so that MySQL's branch of the hot path runs against a MariaDB server (engine/core/store.py).
+DATABASE_FEATURES = ('mysql',)
+
+
+def database_features(url):
+    """The feature set a MySQL/MariaDB URL forces (``?features=mysql``), or None: the server's
+    own. Raises ValueError for any other query parameter or value."""
+    query = parse_qs(urlsplit(url).query, keep_blank_values=True)
+    unknown = sorted(set(query) - {'features'})
+    if unknown:
+        raise ValueError('unknown database URL parameter %r (only features=)' % unknown[0])
+    values = query.get('features')
+    if values is None:
+        return None
+    if len(values) != 1 or values[0] not in DATABASE_FEATURES:
+        raise ValueError('features= takes one of %s' % ', '.join(DATABASE_FEATURES))
+    return values[0]
 
 
 def redis_url(value):
@@ -205,7 +227,8 @@ SETTINGS = (
         'AIJOB_DATABASE_URL',
         'sqlite:///aijob.db',
         database_url,
-        'The store: sqlite:///PATH (embedded default) or mysql://USER:PASS@HOST:PORT/DB.',
+        'The store: sqlite:///PATH (embedded default) or mysql://USER:PASS@HOST:PORT/DB; '
+        '?features=mysql makes a MariaDB store use only what MySQL has (for tests).',
         secret=True,
     ),
     Setting(
