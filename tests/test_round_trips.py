@@ -221,6 +221,7 @@ def test_a_create_costs_one_round_trip_on_mariadb_two_on_mysql_and_a_lock_one(ru
     history rows, its read and COMMIT, one round trip on both."""
     store = runtime.store
     mariadb = backend.name == 'mysql+redis'
+    assert store.insert_returns() == mariadb  # the URL's ?features=mysql: MySQL's branch
     assert store.enforces_check('ai_user_admission', 'admission_within_limits') == mariadb
     runtime.service.dispatch_now = None  # the push to Redis is no round trip to the database
     create_job(runtime, input={'warm': True})  # the first create reads what it then keeps
