@@ -13,6 +13,9 @@ from engine.core.lifecycle import ExpiredLockFence, Fence
 from engine.core.models import AiJob, AiUserAdmission
 from tests.support.helpers import create_job, new_request, run_threads
 
+# Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
+pytestmark = pytest.mark.all_dialects
+
 
 def counters(user_id='user-a'):
     """(active, created today) as the counters say."""

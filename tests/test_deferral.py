@@ -19,6 +19,9 @@ from engine.http.dashboard_pages import overview
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 
+# Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
+pytestmark = pytest.mark.all_dialects
+
 
 class DeferTimes(CallGuard):
     """Says wait ``times`` times (``delay_s`` each), then lets every call through."""

@@ -14,6 +14,9 @@ from engine.jobtypes.synthetic import SyntheticProvider, synthetic_definition
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import fast_registry, run_job, wait_terminal
 
+# Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
+pytestmark = pytest.mark.all_dialects
+
 
 def usage_rows(job_id):
     return list(AiUsageLog.select().where(AiUsageLog.job_id == job_id).order_by(AiUsageLog.id))

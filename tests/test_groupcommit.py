@@ -15,6 +15,9 @@ from tests.support.helpers import create_job
 from tests.support.runtimes import fast_registry
 from tests.test_execution import FlakyProjector, usage_rows
 
+# Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
+pytestmark = pytest.mark.all_dialects
+
 
 def event_work(store, job_id, fail=False):
     def work(tx):

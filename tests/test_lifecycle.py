@@ -17,6 +17,9 @@ from engine.core.lifecycle import ExpiredLockFence, Fence
 from engine.core.models import AiJob, AiJobEvent
 from tests.support.helpers import create_job, row, run_threads
 
+# Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
+pytestmark = pytest.mark.all_dialects
+
 STATES = ('queued', 'running', 'succeeded', 'failed', 'cancelled')
 # contracts §1.2, plus running → running as a lock takeover (architecture decision 4). Written out
 # here, not imported, so the test pins the specification rather than the code's own table.

@@ -13,6 +13,9 @@ from engine.execution.unheard_locks import UnheardLocks
 from tests.support.helpers import create_job
 from tests.test_execution import usage_rows
 
+# Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
+pytestmark = pytest.mark.all_dialects
+
 
 def lost_connection():
     return peewee.OperationalError(2013, 'Lost connection to server during query')

@@ -2,9 +2,14 @@
 
 import time
 
+import pytest
+
 from engine.core.models import OutboxEvent
 from engine.core.outbox import DEAD, PENDING, PROCESSING
 from tests.support.helpers import create_job, run_threads
+
+# Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
+pytestmark = pytest.mark.all_dialects
 
 
 def one_event(runtime):

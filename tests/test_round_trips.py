@@ -16,6 +16,9 @@ from engine.core.sql import Statement, rows_together, send, write_row
 from engine.execution.engine import ExecutionEngine
 from tests.support.helpers import create_job
 
+# Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
+pytestmark = pytest.mark.all_dialects
+
 INSERT_EVENT = Statement(
     'INSERT INTO ai_job_event (job_id, kind, attempt_no, detail, created_at) '
     "VALUES (%s, 'progress', 1, 'null', {now})"
@@ -208,13 +211,18 @@ def test_nothing_may_follow_the_rows_that_carried_the_commit(runtime, backend):
     assert events_of('rt-end-late') == 0
 
 
-@pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
-def test_a_create_and_a_lock_cost_one_round_trip_each_on_mariadb(runtime, backend):
+@pytest.mark.parametrize('backend', ['mysql+redis', 'mysql-features+redis'], indirect=True)
+def test_a_create_costs_one_round_trip_on_mariadb_two_on_mysql_and_a_lock_one(runtime, backend):
     """A create: BEGIN, the admission count, job, snapshot, outbox and history rows, COMMIT in
-    one round trip (a refused count is the CHECK constraint's error, nothing read back). A
-    batch's lock: BEGIN, the CAS UPDATE, its history rows, its read and COMMIT, also one."""
+    one round trip (a refused count is the CHECK constraint's error, nothing read back). MySQL
+    reads back its count and what RETURNING would have returned (the job's creation time, the
+    event's id), in the writes' round trip, and sends its COMMIT after them (a count read back
+    may refuse): 10 statements in 2 round trips. A batch's lock: BEGIN, the CAS UPDATE, its
+    history rows, its read and COMMIT, one round trip on both."""
     store = runtime.store
-    assert store.enforces_check('ai_user_admission', 'admission_within_limits')
+    mariadb = backend.name == 'mysql+redis'
+    assert store.insert_returns() == mariadb  # the URL's ?features=mysql: MySQL's branch
+    assert store.enforces_check('ai_user_admission', 'admission_within_limits') == mariadb
     runtime.service.dispatch_now = None  # the push to Redis is no round trip to the database
     create_job(runtime, input={'warm': True})  # the first create reads what it then keeps
     jobs, costs = [], []
@@ -222,7 +230,7 @@ def test_a_create_and_a_lock_cost_one_round_trip_each_on_mariadb(runtime, backen
         before = counts(store)
         jobs.append(create_job(runtime, input={'i': i}))
         costs.append(tuple(now - then for now, then in zip(counts(store), before, strict=True)))
-    assert costs == [(7, 1)] * 3
+    assert costs == [(7, 1) if mariadb else (10, 2)] * 3
     round_trips = store.round_trip_count()
     locked = runtime.lifecycle.lock_jobs([job.id for job in jobs], 'worker-rt')
     assert len(locked) == 3
@@ -281,14 +289,16 @@ def test_an_answer_that_refuses_after_the_commit_ran_cannot_undo_it(runtime, bac
     assert events_of('rt-late-next') == 1
 
 
-@pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
+@pytest.mark.parametrize('backend', ['mysql+redis', 'mysql-features+redis'], indirect=True)
 def test_a_finish_carries_its_commit_on_mariadb_and_a_refused_one_commits_nothing(runtime, backend):
     """A worker's group of finishes on MariaDB: BEGIN, the fenced UPDATE, its guard (a refusal
-    is the server's error), the rows and the COMMIT in one round trip. A refused finish stops
-    the server before the COMMIT: none of its rows stay, and the group's other finish commits
-    when the group runs again, each job on its own."""
+    is the server's error), the rows and the COMMIT in one round trip; on MySQL, which has no
+    guard, the COMMIT goes once the UPDATE's row count is read (two). A refused finish commits
+    nothing: none of its rows stay, and the group's other finish commits when the group runs
+    again, each job on its own."""
     store, lifecycle = runtime.store, runtime.lifecycle
-    assert store.guards_row_counts()
+    mariadb = backend.name == 'mysql+redis'
+    assert store.guards_row_counts() == mariadb
     a, b, c = (create_job(runtime, input={'n': n}).id for n in range(3))
     lifecycle.lock_jobs([a, b, c], 'worker-f')
     held, stranger = Fence('worker-f', 1), Fence('worker-stranger', 1)
@@ -299,7 +309,7 @@ def test_a_finish_carries_its_commit_on_mariadb_and_a_refused_one_commits_nothin
 
     round_trips = store.round_trip_count()
     assert group.run([finish(a, held)]) == [None]
-    assert store.round_trip_count() - round_trips == 1
+    assert store.round_trip_count() - round_trips == (1 if mariadb else 2)
     outcomes = group.run([finish(b, stranger), finish(c, held)])
     assert isinstance(outcomes[0], JobLockConflictError) and outcomes[1] is None
     statuses = {job.id: job.lifecycle_status for job in AiJob.select()}

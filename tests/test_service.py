@@ -13,6 +13,9 @@ from engine.core.models import AiJob, AiJobSnapshot, OutboxEvent
 from engine.core.store import EXACT_COLUMNS
 from tests.support.helpers import new_request, run_threads
 
+# Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
+pytestmark = pytest.mark.all_dialects
+
 
 def counts():
     return AiJob.select().count(), AiJobSnapshot.select().count(), OutboxEvent.select().count()

@@ -1,7 +1,9 @@
 """Every setting, declared once: environment name, default, validation and help.
 
 ``Config.from_env()`` parses them all at start-up; a bad value raises ``ConfigError`` with one
-line that names the variable, which the CLI prints instead of a traceback.
+line that names the variable, which the CLI prints instead of a traceback. Settings that only
+make sense together (``TOGETHER``) are then checked together: a contradiction is refused the same
+way, with one line naming both.
 """
 
 import base64
@@ -10,7 +12,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from .errors import ConfigError
 from .redis_url import parse_redis_url
@@ -26,8 +28,30 @@ def database_url(value):
     ):
         return value
     if parts.scheme in ('mysql', 'mariadb') and parts.hostname and parts.path.strip('/'):
+        database_features(value)
         return value
-    raise ValueError('expected sqlite:///PATH or mysql://USER:PASS@HOST:PORT/DB')
+    raise ValueError('expected sqlite:///PATH or mysql://USER:PASS@HOST:PORT/DB[?features=mysql]')
+
+
+# The feature sets a MySQL/MariaDB URL may ask for with ``?features=``: ``mysql`` makes the store
+# use MySQL's (no INSERT … RETURNING, no anonymous blocks, no CHECK constraint) even on MariaDB,
+# so that MySQL's branch of the hot path runs against a MariaDB server (engine/core/store.py).
+DATABASE_FEATURES = ('mysql',)
+
+
+def database_features(url):
+    """The feature set a MySQL/MariaDB URL forces (``?features=mysql``), or None: the server's
+    own. Raises ValueError for any other query parameter or value."""
+    query = parse_qs(urlsplit(url).query, keep_blank_values=True)
+    unknown = sorted(set(query) - {'features'})
+    if unknown:
+        raise ValueError('unknown database URL parameter %r (only features=)' % unknown[0])
+    values = query.get('features')
+    if values is None:
+        return None
+    if len(values) != 1 or values[0] not in DATABASE_FEATURES:
+        raise ValueError('features= takes one of %s' % ', '.join(DATABASE_FEATURES))
+    return values[0]
 
 
 def redis_url(value):
@@ -205,7 +229,8 @@ SETTINGS = (
         'AIJOB_DATABASE_URL',
         'sqlite:///aijob.db',
         database_url,
-        'The store: sqlite:///PATH (embedded default) or mysql://USER:PASS@HOST:PORT/DB.',
+        'The store: sqlite:///PATH (embedded default) or mysql://USER:PASS@HOST:PORT/DB; '
+        '?features=mysql makes a MariaDB store use only what MySQL has (for tests).',
         secret=True,
     ),
     Setting(
@@ -654,6 +679,66 @@ SETTINGS = (
 )
 
 
+@dataclass(frozen=True)
+class Together:
+    """Two settings that only make sense together: ``below`` must stay under ``above`` (times
+    ``scale``: 1000 for a setting in seconds), or at most equal it with ``or_equal``."""
+
+    below: str
+    above: str
+    why: str
+    scale: int = 1
+    or_equal: bool = False
+
+    def refusal(self, values):
+        """One line naming both settings, or None when they agree."""
+        low = values[self.below[len('AIJOB_') :].lower()]
+        high = values[self.above[len('AIJOB_') :].lower()]
+        if low < high * self.scale or (self.or_equal and low == high * self.scale):
+            return None
+        limit = '%s=%d' % (self.above, high)
+        if self.scale != 1:
+            limit += ' (%d ms)' % (high * self.scale)
+        relation = 'at most' if self.or_equal else 'below'
+        return '%s=%d must be %s %s: %s' % (self.below, low, relation, limit, self.why)
+
+
+# Checked at start-up, after every setting parsed on its own (Config.from_env).
+TOGETHER = (
+    Together(
+        'AIJOB_HEARTBEAT_MS',
+        'AIJOB_LOCK_TTL_MS',
+        "a running job's lock would expire between two heartbeats and the job be taken over",
+    ),
+    Together(
+        'AIJOB_HEARTBEAT_MS',
+        'AIJOB_REAP_AFTER_MS',
+        "a live worker's heartbeat key (it lasts AIJOB_REAP_AFTER_MS) would expire between two "
+        'heartbeats and its messages be handed to others',
+    ),
+    Together(
+        'AIJOB_BATCH_POLL_FIRST_MS',
+        'AIJOB_BATCH_POLL_MAX_MS',
+        "a batch's first wait would be longer than the longest",
+        or_equal=True,
+    ),
+    Together(
+        'AIJOB_STREAM_HEARTBEAT_MS',
+        'AIJOB_STREAM_MAX_S',
+        'an idle event stream would end before its first heartbeat',
+        scale=1000,
+    ),
+)
+
+
+def check_together(values):
+    """Raise ConfigError with the first pair of TOGETHER that contradicts itself."""
+    for together in TOGETHER:
+        refusal = together.refusal(values)
+        if refusal:
+            raise ConfigError(refusal)
+
+
 class Config:
     """Parsed settings as attributes: ``AIJOB_DATABASE_URL`` → ``config.database_url``."""
 
@@ -674,6 +759,7 @@ class Config:
             except (TypeError, ValueError) as exc:
                 shown = setting.env if setting.secret else '%s=%r' % (setting.env, raw)
                 raise ConfigError('%s is invalid: %s (%s)' % (shown, exc, setting.help)) from None
+        check_together(values)
         values['provider_keys'] = provider_keys(values['providers'], environ)
         return cls(values)
 

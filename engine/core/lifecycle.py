@@ -101,8 +101,6 @@ INSERT_JOB_HEAD = 'INSERT INTO ai_job (%s, created_at, updated_at) VALUES ' % ',
     CREATE_COLUMNS
 )
 INSERT_JOB_ROW = '(%s, {now}, {now})' % placeholders(len(CREATE_COLUMNS))
-INSERT_JOB = Statement(INSERT_JOB_HEAD + INSERT_JOB_ROW)
-SELECT_CREATED_AT = Statement('SELECT id, created_at FROM ai_job WHERE id = %s')
 
 # What running a job needs of its row (each column read costs the driver time to describe).
 RUN_COLUMNS = (
@@ -287,10 +285,10 @@ class AiJobLifecycleRepository:
         retry_of_job_id=None,
     ):
         """Insert a job in ``queued``, inside the caller's transaction ``tx`` (the caller writes
-        the outbox event in the same one). Returns the job as written, without reading it back
-        where the database can return its creation time: there the row joins the other rows of
-        a ``rows_together()`` block (the creates of a group commit: one INSERT), and the job's
-        creation time is filled in when it went out."""
+        the outbox event in the same one). Returns the job as written: the row joins the other
+        rows of a ``rows_together()`` block (the creates of a group commit: one INSERT), and the
+        job's creation time is filled in when it went out (returned by the INSERT, or on MySQL
+        read back in the same round trip)."""
         assert tx is not None and self.store.in_transaction(), 'create_job needs a transaction'
         values = dict(
             id=job_id,
@@ -319,12 +317,11 @@ class AiJobLifecycleRepository:
         def receive(returned):
             job.created_at = job.updated_at = AiJob.created_at.python_value(returned[1])
 
-        if self.store.insert_returns():
-            returning = ('id, created_at', job_id, receive)
-            insert_row(INSERT_JOB_HEAD, INSERT_JOB_ROW, params, returning=returning)
-        else:
-            self.store.execute(INSERT_JOB, params)
-            receive(self.store.execute(SELECT_CREATED_AT, (job_id,)).fetchone())
+        returning = ('id, created_at', job_id, receive)
+        read_back = not self.store.insert_returns()  # MySQL: a SELECT in the same round trip
+        insert_row(
+            INSERT_JOB_HEAD, INSERT_JOB_ROW, params, returning=returning, read_back=read_back
+        )
         return job
 
     # ------------------------------------------------------------ lock, heartbeat, progress

@@ -35,8 +35,6 @@ _INSERT_ROWS = {
     False: "(%s, %s, %s, %s, %s, 'pending', 0, {now}, NULL, NULL, {now}, {now})",
     True: "(%s, %s, %s, %s, %s, 'processing', 0, {now}, %s, {now}, {now}, {now})",
 }
-INSERT_PENDING = Statement(_INSERT_HEAD + _INSERT_ROWS[False])
-INSERT_CLAIMED = Statement(_INSERT_HEAD + _INSERT_ROWS[True])
 _CLAIM_SET = (
     "UPDATE outbox_event SET status = 'processing', locked_by = %s, locked_at = {now}, "
     'updated_at = {now} WHERE '
@@ -100,10 +98,10 @@ class OutboxRepository:
         claimed (processing) by that instance, for immediate dispatch after commit
         (architecture decision 6); if that process dies first, the claim expires like
         any other. A duplicate ``dedupe_key`` is an idempotent success (contracts §4.2):
-        the existing event is returned. Where the database returns what it inserts, the row
-        joins the other rows of a ``rows_together()`` block and the event's id is filled in
-        when it went out (a duplicate there fails the block's INSERT, and a group commit runs
-        each work apart again, where this catches it)."""
+        the existing event is returned. The row joins the other rows of a ``rows_together()``
+        block and the event's id is filled in when it went out (returned by the INSERT, or on
+        MySQL read back in the same round trip); a duplicate there fails the block's INSERT,
+        and a group commit runs each work apart again, where this catches it."""
         assert tx is not None and self.store.in_transaction(), 'outbox writes need a transaction'
         event = _inserted_event(
             claimed_by,
@@ -126,20 +124,14 @@ class OutboxRepository:
         def receive(returned):
             event.id = returned[1]
 
+        row = _INSERT_ROWS[bool(claimed_by)]
+        returning = ('dedupe_key, id', dedupe_key, receive)
+        read_back = not self.store.insert_returns()
         try:
             # A duplicate key fails this statement only (MySQL and SQLite keep the transaction).
-            if self.store.insert_returns():
-                row = _INSERT_ROWS[bool(claimed_by)]
-                returning = ('dedupe_key, id', dedupe_key, receive)
-                insert_row(_INSERT_HEAD, row, params, returning=returning)
-                return event
-            if claimed_by:
-                cursor = self.store.execute(INSERT_CLAIMED, params)
-            else:
-                cursor = self.store.execute(INSERT_PENDING, params)
+            insert_row(_INSERT_HEAD, row, params, returning=returning, read_back=read_back)
         except IntegrityError:
             return OutboxEvent.get(OutboxEvent.dedupe_key == dedupe_key)
-        event.id = cursor.lastrowid
         return event
 
     def create_terminal_event(self, tx, job_id, status):

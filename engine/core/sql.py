@@ -107,17 +107,19 @@ def write_row(shape, row, plan):
         pending.setdefault(shape, (plan, []))[1].append(row)
 
 
-def insert_row(head, row, params, ignore_duplicate=False, returning=None):
+def insert_row(head, row, params, ignore_duplicate=False, returning=None, read_back=False):
     """``head`` (``INSERT INTO t (cols) VALUES ``) with one ``row`` (``(%s, …, {now})``) of
     ``params``; ``ignore_duplicate`` keeps an existing row with the same key (an idempotent
     write). Sent now, or at the end of the enclosing ``rows_together()`` block.
 
-    ``returning`` — ``(columns, key, receive)`` — asks for ``INSERT … RETURNING columns`` (only
-    where ``Store.insert_returns()``): ``receive(row)`` gets this row's values, matched by the
-    first column, which must be unique and equal ``key`` (RETURNING's order is not promised);
-    by the time the statement went out, so at once or at the block's end."""
+    ``returning`` — ``(columns, key, receive)`` — asks for ``INSERT … RETURNING columns``:
+    ``receive(row)`` gets this row's values, matched by the first column, which must be unique
+    and equal ``key`` (RETURNING's order is not promised); by the time the statement went out,
+    so at once or at the block's end. ``read_back`` (where not ``Store.insert_returns()``,
+    MySQL): the same answer from a SELECT of the rows by that column, sent right after the
+    INSERT in the same round trip (the transaction reads its own rows)."""
     columns = returning[0] if returning else None
-    shape = (head, row, ignore_duplicate, columns)
+    shape = (head, row, ignore_duplicate, columns, read_back)
     write_row(shape, (params, returning), lambda rows: _plan_inserts(*shape, rows))
 
 
@@ -215,21 +217,36 @@ def _next_result(cursor):
         return cursor.nextset()
 
 
-def _plan_inserts(head, row, ignore_duplicate, columns, rows):
+def _plan_inserts(head, row, ignore_duplicate, columns, read_back, rows):
     """``rows``: (params, returning or None) pairs, planned ROWS_PER_INSERT at a time."""
     planned = []
     for start in range(0, len(rows), ROWS_PER_INSERT):
         chunk = rows[start : start + ROWS_PER_INSERT]
         text = head + ', '.join([row] * len(chunk))
+        values = [value for params, _ in chunk for value in params]
+        receive = functools.partial(_receive_returned, chunk) if columns else None
         if ignore_duplicate:
             made = statement(text + _IGNORE_DUPLICATE['mysql'], text + _IGNORE_DUPLICATE['sqlite'])
+        elif columns and read_back:
+            planned.append((statement(text), values, None))
+            keys = [returning[1] for _, returning in chunk]
+            made, values = _read_back(head, columns, len(keys)), keys
         elif columns:
             made = statement(text + ' RETURNING ' + columns)
         else:
             made = statement(text)
-        receive = functools.partial(_receive_returned, chunk) if columns else None
-        planned.append((made, [value for params, _ in chunk for value in params], receive))
+        planned.append((made, values, receive))
     return planned
+
+
+def _read_back(head, columns, count):
+    """The SELECT of ``count`` rows just inserted by ``head``, by the first of ``columns``."""
+    assert head.startswith('INSERT INTO '), head
+    table = head[len('INSERT INTO ') :].split(' ', 1)[0]
+    key = columns.split(',', 1)[0].strip()
+    return statement(
+        'SELECT %s FROM %s WHERE %s IN (%s)' % (columns, table, key, placeholders(count))
+    )
 
 
 def _receive_returned(chunk, cursor):

@@ -17,6 +17,7 @@ from playhouse.pool import MaxConnectionsExceeded, PooledMySQLDatabase
 from pymysql.constants import CLIENT, SERVER_STATUS
 
 from . import admission, sql
+from .config import database_features
 from .errors import ConfigError, StoreUnavailableError
 from .logs import log_event
 from .models import MODELS, database
@@ -220,7 +221,8 @@ LOOPBACK_HOSTS = ('127.0.0.1', 'localhost', '::1')
 
 
 def open_database(url, pool_size=32):
-    """A peewee database for ``sqlite:///PATH`` or ``mysql://USER:PASS@HOST:PORT/DB``."""
+    """A peewee database for ``sqlite:///PATH`` or ``mysql://USER:PASS@HOST:PORT/DB`` (its
+    ``?features=`` is the Store's: config.database_features)."""
     parts = urlsplit(url)
     if parts.scheme == 'sqlite':
         path = url[len('sqlite:///') :]
@@ -277,6 +279,8 @@ class Store:
             self.db.aijob_url = url
             database.initialize(self.db)
         self.dialect = sql.dialect_of(self.db)
+        # 'mysql' (the URL's ?features=mysql): MySQL's feature set, whatever the server says
+        self.features = _features(url) if self.dialect == 'mysql' else None
         self._insert_returns = None
         self._checks = {}  # (table, constraint) -> enforces_check's answer
 
@@ -310,10 +314,14 @@ class Store:
 
     def insert_returns(self):
         """Can an INSERT return what it wrote (``INSERT … RETURNING``)? SQLite and MariaDB can;
-        MySQL cannot, and its callers read the row back instead."""
+        MySQL cannot, and its callers read the row back instead. This answer is also what tells
+        MariaDB from MySQL for ``enforces_check`` and ``guards_row_counts``, so a store whose URL
+        forces MySQL's feature set (``?features=mysql``) takes MySQL's branch in all three."""
         if self._insert_returns is None:
             if self.dialect == 'sqlite':
                 self._insert_returns = True
+            elif self.features == 'mysql':
+                self._insert_returns = False
             else:
                 version = self.db.execute_sql('SELECT VERSION()').fetchone()[0]
                 self._insert_returns = 'mariadb' in str(version).lower()
@@ -486,6 +494,13 @@ _CHECK_LISTED = (
     'SELECT 1 FROM information_schema.TABLE_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = DATABASE() '
     "AND TABLE_NAME = %s AND CONSTRAINT_NAME = %s AND CONSTRAINT_TYPE = 'CHECK'"
 )
+
+
+def _features(url):
+    try:
+        return database_features(url)
+    except ValueError as exc:
+        raise ConfigError('AIJOB_DATABASE_URL is invalid: %s' % exc) from None
 
 
 def _code(exc):

@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import nullcontext
 
 from ..core.errors import JobLockConflictError, QueueUnavailableError
 from ..core.lifecycle import RUNNING
@@ -306,8 +307,9 @@ class Worker:
         )
         heartbeat_s = config.heartbeat_ms / 1000.0
         self._every('lock-extension', heartbeat_s, self.supervisor.extend_held_locks, conn)
-        self._every('heartbeat', heartbeat_s, self.supervisor.refresh_consumer_key, _no_connection)
-        self._every('cancel-signals', 0.2, self.supervisor.check_cancel_signals, _no_connection)
+        # The consumer key and the cancel signals are Redis's: no unit of database work.
+        self._every('heartbeat', heartbeat_s, self.supervisor.refresh_consumer_key, nullcontext)
+        self._every('cancel-signals', 0.2, self.supervisor.check_cancel_signals, nullcontext)
         if self.with_maintenance:
             self._every('reaper', config.reaper_interval_ms / 1000.0, rt.reaper.sweep, conn, lead)
             self._every(
@@ -405,15 +407,3 @@ class Worker:
         log_event(
             'worker.stopping', signal=signals[0], grace_ms=self.runtime.config.shutdown_grace_ms
         )
-
-
-class _NoConnection:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _no_connection():
-    return _NoConnection()

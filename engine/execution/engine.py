@@ -112,7 +112,6 @@ class ExecutionEngine:
         self.store = runtime.store
         self.registry = runtime.registry
         self.lifecycle = runtime.lifecycle
-        self.service = runtime.service
         self.ai = runtime.ai
         self.instance_id = instance_id
         self.lock_ttl_ms = runtime.config.lock_ttl_ms

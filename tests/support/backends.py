@@ -1,6 +1,7 @@
 """The backend pairs every test runs against (docs/architecture.md, "Tests").
 
-``sqlite+memory`` always runs. ``mysql+redis`` runs against AIJOB_TEST_MYSQL_URL /
+``sqlite+memory`` always runs. ``mysql+redis`` (and, where a test module asks for it,
+``mysql-features+redis``) runs against AIJOB_TEST_MYSQL_URL /
 AIJOB_TEST_REDIS_URL (default: the local servers); a missing server skips those cases locally and
 fails them under CI (``CI=true``). Tests never flush a whole Redis: each run has its own prefix.
 """
@@ -21,6 +22,11 @@ REDIS_URL = os.environ.get('AIJOB_TEST_REDIS_URL', 'redis://127.0.0.1:6379/0')
 IN_CI = os.environ.get('CI', '').lower() in ('1', 'true', 'yes')
 RUN_PREFIX = 'aijob-test-%s' % uuid.uuid4().hex[:8]
 BACKENDS = ('sqlite+memory', 'mysql+redis')
+# MariaDB with MySQL's feature set (the URL's ?features=mysql: no RETURNING, no anonymous blocks,
+# no CHECK), so MySQL's branch of the hot path runs too. Only tests marked ``all_dialects`` (the
+# tests of the SQL branches) take it, besides the two pairs.
+MYSQL_FEATURES = 'mysql-features+redis'
+ALL_DIALECTS = BACKENDS + (MYSQL_FEATURES,)
 
 _server_status = {}
 
@@ -89,13 +95,34 @@ class Backend:
         return self.name
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        'markers', 'all_dialects: the test runs on mysql-features+redis too (its backend pairs)'
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc):
+    """A test marked ``all_dialects`` that takes ``backend`` runs on ALL_DIALECTS, unless it
+    names its own pairs (a parametrize of ``backend``, which wins)."""
+    definition = metafunc.definition
+    if definition.get_closest_marker('all_dialects') is None:
+        return
+    if 'backend' not in metafunc.fixturenames:
+        return
+    if any(mark.args[0] == 'backend' for mark in definition.iter_markers('parametrize')):
+        return
+    definition.add_marker(pytest.mark.parametrize('backend', ALL_DIALECTS, indirect=True))
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request, tmp_path):
     if request.param == 'sqlite+memory':
         yield Backend(request.param, 'sqlite:///%s' % (tmp_path / 'aijob.db'), None)
         return
     require_servers('mysql', 'redis')
-    chosen = Backend(request.param, MYSQL_URL, REDIS_URL)
+    url = MYSQL_URL + '?features=mysql' if request.param == MYSQL_FEATURES else MYSQL_URL
+    chosen = Backend(request.param, url, REDIS_URL)
     yield chosen
     delete_redis_keys(chosen.prefix)
 
