@@ -614,6 +614,14 @@ SETTINGS = (
         'that long instead, if longer).',
     ),
     Setting(
+        'AIJOB_COOLDOWN_PROBE_MS',
+        '2000',
+        positive_int,
+        'While a provider/model cools down, one call every this long (from any one worker) tries '
+        'it: its success ends the cooldown for every worker, its failure keeps it. Shorter than '
+        'AIJOB_COOLDOWN_MS.',
+    ),
+    Setting(
         'AIJOB_CONTENT_SAFETY_PATTERNS',
         '',
         json_string_list_or_empty,
@@ -643,13 +651,6 @@ SETTINGS = (
         positive_int,
         'The window "per minute" of rpm and tpm counts over (the provider\'s).',
     ),
-    Setting(
-        'AIJOB_RATE_LIMIT_MARGIN_MS',
-        '500',
-        non_negative_int,
-        'A request counts this much longer than the window: the time it may take to reach the '
-        'provider after its reservation, so the provider never sees more than the limit.',
-    ),
 )
 
 
@@ -674,11 +675,32 @@ class Config:
                 shown = setting.env if setting.secret else '%s=%r' % (setting.env, raw)
                 raise ConfigError('%s is invalid: %s (%s)' % (shown, exc, setting.help)) from None
         values['provider_keys'] = provider_keys(values['providers'], environ)
+        refuse_unworkable(values, environ)
         return cls(values)
 
     @property
     def uses_redis(self):
         return self.redis_url is not None
+
+
+# Settings that were removed, and why: set, they would be believed to work.
+RETIRED = {
+    'AIJOB_RATE_LIMIT_MARGIN_MS': 'a request now counts until one window after its response, '
+    'whatever its way to the provider (README "Provider rate limits"); unset it',
+}
+
+
+def refuse_unworkable(values, environ):
+    """ConfigError (one line) for settings that cannot work together, or no longer work."""
+    for env, why in RETIRED.items():
+        if env in environ:
+            raise ConfigError('%s is no longer used: %s' % (env, why))
+    if values['cooldown_probe_ms'] >= values['cooldown_ms']:
+        raise ConfigError(
+            'AIJOB_COOLDOWN_PROBE_MS=%d is invalid: no probe could try a cooling provider before '
+            'AIJOB_COOLDOWN_MS=%d ends; make it shorter'
+            % (values['cooldown_probe_ms'], values['cooldown_ms'])
+        )
 
 
 def provider_keys(providers, environ):
