@@ -618,8 +618,8 @@ SETTINGS = (
         '2000',
         positive_int,
         'While a provider/model cools down, one call every this long (from any one worker) tries '
-        'it: its success ends the cooldown for every worker, its failure keeps it. Shorter than '
-        'AIJOB_COOLDOWN_MS.',
+        'it: its success ends the cooldown for every worker, its failure keeps it (no probe when '
+        'this is not shorter than AIJOB_COOLDOWN_MS).',
     ),
     Setting(
         'AIJOB_CONTENT_SAFETY_PATTERNS',
@@ -675,7 +675,7 @@ class Config:
                 shown = setting.env if setting.secret else '%s=%r' % (setting.env, raw)
                 raise ConfigError('%s is invalid: %s (%s)' % (shown, exc, setting.help)) from None
         values['provider_keys'] = provider_keys(values['providers'], environ)
-        refuse_unworkable(values, environ)
+        refuse_retired(environ)
         return cls(values)
 
     @property
@@ -690,17 +690,11 @@ RETIRED = {
 }
 
 
-def refuse_unworkable(values, environ):
-    """ConfigError (one line) for settings that cannot work together, or no longer work."""
+def refuse_retired(environ):
+    """ConfigError (one line) for a setting that no longer works."""
     for env, why in RETIRED.items():
         if env in environ:
             raise ConfigError('%s is no longer used: %s' % (env, why))
-    if values['cooldown_probe_ms'] >= values['cooldown_ms']:
-        raise ConfigError(
-            'AIJOB_COOLDOWN_PROBE_MS=%d is invalid: no probe could try a cooling provider before '
-            'AIJOB_COOLDOWN_MS=%d ends; make it shorter'
-            % (values['cooldown_probe_ms'], values['cooldown_ms'])
-        )
 
 
 def provider_keys(providers, environ):
