@@ -20,11 +20,13 @@ after now or after its response, every booking ahead no earlier than one window 
 time). With no other route entry to try, the job is deferred until then (JobDeferred, holding no
 worker thread and spending no retry). When it comes back it goes as soon as the requests counted
 plus the bookings ahead of it leave room for it; if not yet, it keeps its place and is told the
-new earliest time. A place is never lost by coming back late, so no job is re-deferred forever,
-and 500 waiting jobs wake one place at a time instead of racing for each opening. A booking
-whose job never comes back (cancelled, moved to another entry) lapses one deadline and one window
-after its time. Where the route has another entry the call is not booked: it moves on
-(EntryUnavailable) and the entry's queue is not held up.
+new earliest time. A place is kept however late its job comes back within a window (LATE_MS at
+least) of the last time it was given, so no job is re-deferred forever, and 500 waiting jobs wake
+one place at a time instead of racing for each opening. A place whose job has not come back by
+then lapses: a cancelled job's place, or one whose call went to another entry, holds no room
+longer (a job that comes back later still queues again, once). Where
+the route has another entry the call is not booked: it moves on (EntryUnavailable) and the
+entry's queue is not held up.
 """
 
 import logging
@@ -43,6 +45,11 @@ RATE_LIMIT = 'rate_limit'  # the reason a deferral or an unavailable entry names
 UNAVAILABLE_DELAY_S = 1.0
 # Old entries dropped per step of the script (Lua's unpack has a bound on its arguments).
 _TRIM_BATCH = 500
+# A booked place lapses when its job has not come back within a window of the time it was last
+# given, and never sooner than this: a wake-up seconds late (a loaded machine, a worker's
+# restart) keeps its place. One much later (its process died and another's dispatcher pushed it)
+# queues again, once.
+LATE_MS = 10_000
 
 
 @dataclass(frozen=True)
@@ -103,9 +110,10 @@ def earliest(leaving, now, over_requests, over_tokens):
 
 # ---------------------------------------------------------------- the shared log (Redis)
 # KEYS: counted (zset: request -> the time it stops counting, ms), queue (zset: booked member ->
-# its time), weights (hash: request or booked member -> tokens; '#sum' -> the counted total).
+# the time it was first given, so in booking order), lapse (zset: booked member -> the time its
+# place lapses), weights (hash: request or booked member -> tokens; '#sum' -> the counted total).
 # ARGV: member, tokens, rpm (0: none), tpm (0: none), window ms, hold ms (the call's deadline),
-# book ('1': book the member's place when it does not fit).
+# book ('1': book the member's place when it does not fit), late ms (how late a place is kept).
 # Returns {wait ms, request}: wait 0 and the name of the request counted, else the wait.
 # The same rules as LocalWindow.reserve, which reads more easily.
 _RESERVE = """
@@ -114,7 +122,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local member, tokens = ARGV[1], tonumber(ARGV[2])
 local rpm, tpm = tonumber(ARGV[3]), tonumber(ARGV[4])
 local window, hold, book = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
-local counted, queue, weights = KEYS[1], KEYS[2], KEYS[3]
+local late = tonumber(ARGV[8])
+local counted, queue, lapse, weights = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local batch = %(batch)d
 
 -- the running total of counted tokens ('-0', Lua's negative zero, is no integer to Redis)
@@ -148,19 +157,19 @@ while true do
   add(-drop(counted, old))
 end
 while true do
-  local lapsed = now - hold - window
-  local old = redis.call('ZRANGEBYSCORE', queue, '-inf', lapsed, 'LIMIT', 0, batch)
+  local old = redis.call('ZRANGEBYSCORE', lapse, '-inf', now, 'LIMIT', 0, batch)
   if #old == 0 then break end
-  drop(queue, old)
+  redis.call('ZREM', queue, unpack(old))
+  drop(lapse, old)
 end
 
 -- the keys live until the last request leaves and the last booking lapses
 local function keep()
   local last = redis.call('ZRANGE', counted, -1, -1, 'WITHSCORES')
   local until_ms = tonumber(last[2]) or now
-  last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
-  if last[2] then until_ms = math.max(until_ms, tonumber(last[2]) + hold + window) end
-  for _, key in ipairs({counted, queue, weights}) do
+  last = redis.call('ZREVRANGE', lapse, 0, 0, 'WITHSCORES')
+  if last[2] then until_ms = math.max(until_ms, tonumber(last[2])) end
+  for _, key in ipairs({counted, queue, lapse, weights}) do
     redis.call('PEXPIRE', key, math.max(0, until_ms - now) + 1000)
   end
 end
@@ -187,6 +196,7 @@ if tpm > 0 then over_tokens = sum + ahead_tokens + tokens - tpm end
 if over_requests <= 0 and over_tokens <= 0 then
   if rank then
     redis.call('ZREM', queue, member)
+    redis.call('ZREM', lapse, member)
     redis.call('HDEL', weights, member)
   end
   local name = member .. '@' .. now
@@ -222,6 +232,9 @@ if book and not rank then
   if #booked_at > 0 then at = math.max(at, booked_at[#booked_at] + 1) end
   redis.call('ZADD', queue, at, member)
   redis.call('HSET', weights, member, tokens)
+end
+if rank or book then
+  redis.call('ZADD', lapse, at + math.max(window, late), member)  -- kept while it comes back
   keep()
 end
 return {math.max(1, at - now), ''}
@@ -257,10 +270,11 @@ class RedisWindow:
     runtime's Redis client, or a function returning it (built at first use, as the queue's
     is)."""
 
-    def __init__(self, client, prefix, window_ms):
+    def __init__(self, client, prefix, window_ms, late_ms=LATE_MS):
         self._client = client
         self.prefix = prefix
         self.window_ms = window_ms
+        self.late_ms = late_ms
         self._scripts = None
         self._lock = threading.Lock()
 
@@ -278,7 +292,8 @@ class RedisWindow:
     def keys(self, entry):
         """One hash tag per entry: every key on one Cluster slot, as the scripts need."""
         tag = 'rl:' + entry.replace('{', '(').replace('}', ')')
-        return ['%s:{%s}:%s' % (self.prefix, tag, part) for part in ('counted', 'queue', 'tokens')]
+        parts = ('counted', 'queue', 'lapse', 'tokens')
+        return ['%s:{%s}:%s' % (self.prefix, tag, part) for part in parts]
 
     def reserve(self, entry, member, tokens, limits, book, hold_ms):
         args = [
@@ -289,6 +304,7 @@ class RedisWindow:
             self.window_ms,
             int(hold_ms),
             '1' if book else '0',
+            self.late_ms,
         ]
         wait_ms, name = self._script('reserve')(keys=self.keys(entry), args=args)
         return Slot(int(wait_ms), _text(name))
@@ -300,7 +316,7 @@ class RedisWindow:
         self._finish(entry, member, '', 'release')
 
     def _finish(self, entry, member, tokens, how):
-        counted, _, weights = self.keys(entry)
+        counted, _, _, weights = self.keys(entry)
         args = [member, tokens, self.window_ms, how]
         self._script('settle')(keys=[counted, weights], args=args)
 
@@ -313,7 +329,9 @@ def _text(value):
 class _Log:
     def __init__(self):
         self.counted = {}  # request -> [the time it stops counting (ms), tokens]
-        self.queue = []  # [time (ms), member, tokens] of each booking, in booking order
+        # [the time first given (ms), member, tokens, the time it lapses] of each booking, in
+        # booking order
+        self.queue = []
         self.total = 0  # the counted tokens
 
 
@@ -321,8 +339,9 @@ class LocalWindow:
     """The same log, queue and rules in the process (the embedded default: one process runs
     every worker), under one lock."""
 
-    def __init__(self, window_ms, clock=time.monotonic):
+    def __init__(self, window_ms, late_ms=LATE_MS, clock=time.monotonic):
         self.window_ms = window_ms
+        self.late_ms = late_ms
         self._clock = clock
         self._logs = {}
         self._lock = threading.Lock()
@@ -334,7 +353,7 @@ class LocalWindow:
         with self._lock:
             now = self._now()
             log = self._logs.setdefault(entry, _Log())
-            self._trim(log, now, hold_ms)
+            self._trim(log, now)
             places = [booking[1] for booking in log.queue]
             rank = places.index(member) if member in places else None
             ahead = log.queue[: len(log.queue) if rank is None else rank]
@@ -349,19 +368,21 @@ class LocalWindow:
                 log.total += tokens
                 return Slot(0, name)
             leaving = [(min(end, now + self.window_ms), n) for end, n in log.counted.values()]
-            leaving += [(max(at, now) + self.window_ms, n) for at, _, n in ahead]
+            leaving += [(max(at, now) + self.window_ms, n) for at, _, n, _ in ahead]
             at = earliest(leaving, now, over_requests, over_tokens)
             if book and rank is None:
                 if ahead:  # its place: after every booking, so time order is booking order
                     at = max(at, ahead[-1][0] + 1)
-                log.queue.append([at, member, tokens])
+                log.queue.append([at, member, tokens, 0])
+                rank = len(log.queue) - 1
+            if rank is not None:  # kept while it comes back
+                log.queue[rank][3] = at + max(self.window_ms, self.late_ms)
             return Slot(max(1, at - now))
 
-    def _trim(self, log, now, hold_ms):
+    def _trim(self, log, now):
         for name in [name for name, (end, _) in log.counted.items() if end <= now]:
             log.total -= log.counted.pop(name)[1]
-        lapsed = now - hold_ms - self.window_ms
-        log.queue = [booking for booking in log.queue if booking[0] > lapsed]
+        log.queue = [booking for booking in log.queue if booking[3] > now]
 
     def settle(self, entry, member, tokens=None):
         with self._lock:
