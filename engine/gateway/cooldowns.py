@@ -255,6 +255,7 @@ class MemoryCooldowns:
             if cooldown:
                 probe_next = now + max(self.policy.probe_ms, retry_after_ms)
                 state.update(until=now + cooldown, fails=0, probe_next=probe_next)
+                state.pop('probe', None)  # a probe of an earlier cooldown claims nothing now
             return cooldown / 1000.0
 
     def remaining(self, entries):

@@ -254,7 +254,8 @@ if ARGV[4] == 'release' then
   redis.call('HDEL', KEYS[2], ARGV[1])
   change = -tonumber(old)
 else
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+  -- a window from now, and the millisecond now is in (TIME is read to the millisecond below)
+  redis.call('ZADD', KEYS[1], now + 1 + tonumber(ARGV[3]), ARGV[1])
   if ARGV[2] ~= '' then
     redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
     change = tonumber(ARGV[2]) - tonumber(old)
@@ -292,7 +293,9 @@ class RedisWindow:
     def keys(self, entry):
         """One hash tag per entry: every key on one Cluster slot, as the scripts need."""
         tag = 'rl:' + entry.replace('{', '(').replace('}', ')')
-        parts = ('counted', 'queue', 'lapse', 'tokens')
+        # (not the ':log' and ':tokens' of the log before issue 31: a worker of that version
+        # and one of this never read each other's keys as their own)
+        parts = ('counted', 'queue', 'lapse', 'weights')
         return ['%s:{%s}:%s' % (self.prefix, tag, part) for part in parts]
 
     def reserve(self, entry, member, tokens, limits, book, hold_ms):
@@ -389,7 +392,9 @@ class LocalWindow:
             request = self._logs.get(entry, _Log()).counted.get(member)
             if request is None:
                 return
-            request[0] = self._now() + self.window_ms  # it counts one window more from now
+            # It counts a window more from now (from the end of the millisecond now is in, as
+            # the clock is read to the millisecond below).
+            request[0] = self._now() + 1 + self.window_ms
             if tokens is not None:
                 self._logs[entry].total += tokens - request[1]
                 request[1] = tokens
