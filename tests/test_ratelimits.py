@@ -24,7 +24,9 @@ from engine.gateway.ratelimits import (
     parse_limits,
 )
 from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
-from tests.support.helpers import create_job
+from tests.support.fake_openai import fake  # noqa: F401
+from tests.support.helpers import create_job, wait_until
+from tests.support.rate_limited import create_jobs, limit_fake, settings
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 
 HOLD_MS = 60_000  # a call's deadline: how long a request with no response may count
@@ -290,3 +292,26 @@ def test_the_shared_log_lives_until_its_last_place_could_lapse():
     finally:
         client.close()
         delete_redis_keys(prefix)
+
+
+def test_every_job_runs_under_the_limit_in_one_process_as_serve_runs_them(
+    make_runtime,
+    fake,  # noqa: F811
+):
+    """The stall case of issue 31 (32 jobs, 8 per 5 s) with every worker in one process, as
+    ``serve`` runs them (and as ``web`` + ``worker`` do on MariaDB + Redis): all succeed, and
+    the fake provider, counting arrivals over the same window, never sees one over the limit."""
+    limit_fake(fake, 8, 5.0)
+    rt = make_runtime(**settings(fake.base_url, 8, 5.0))
+    with rt.store.connection():
+        rt.start_background()
+        create_jobs(rt, 32)
+
+        def finished():
+            succeeded = AiJob.select().where(AiJob.lifecycle_status == 'succeeded').count()
+            return succeeded == 32 or fake.over_limit
+
+        wait_until(finished, timeout=90, interval=0.2)
+        statuses = [job.lifecycle_status for job in AiJob.select(AiJob.lifecycle_status)]
+    assert fake.over_limit == 0
+    assert statuses == ['succeeded'] * 32 and len(fake.answered_at) == 32
