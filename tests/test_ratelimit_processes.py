@@ -7,6 +7,7 @@ what benchmarks/ratelimit_rate.py prints."""
 
 import contextlib
 import json
+import time
 
 import pytest
 
@@ -126,6 +127,7 @@ def test_two_workers_run_every_job_under_a_limit_whatever_their_wake_up_delay(
     rt = make_runtime(**env)
     workers = [spawn(backend.env(**env)) for _ in range(2)]
     with rt.store.connection():
+        started = time.monotonic()
         create_jobs(rt, STALL_JOBS)
 
         def finished():
@@ -134,13 +136,15 @@ def test_two_workers_run_every_job_under_a_limit_whatever_their_wake_up_delay(
 
         with contextlib.suppress(AssertionError):  # the figures below say how far it got
             wait_until(finished, timeout=STALL_TIMEOUT_S, interval=0.2)
+        elapsed = time.monotonic() - started
         statuses = [j.lifecycle_status for j in AiJob.select(AiJob.lifecycle_status)]
         deferrals = AiJobEvent.select().where(AiJobEvent.kind == 'deferred').count()
     print(
-        'stall case: %d succeeded of %d, %d requests, %d over the limit, %d deferrals'
+        'stall case: %d succeeded of %d in %.1f s, %d requests, %d over the limit, %d deferrals'
         % (
             statuses.count('succeeded'),
             STALL_JOBS,
+            elapsed,
             len(fake.answered_at),
             fake.over_limit,
             deferrals,

@@ -65,3 +65,19 @@ def wait_recovered(jobs, started):
 
     wait_until(succeeded, timeout=max(0.0, deadline - time.monotonic()), interval=0.05)
     return time.monotonic() - started
+
+
+def probes_during(fake, started):
+    """The calls ``fake`` received during the outage from one probe interval after its first:
+    the threshold's calls and any already in flight all came before the cooldown began, and
+    none of them can come that late, so these are the probes (claimed no sooner than an
+    interval after the cooldown began, and an interval apart)."""
+    arrivals = sorted(fake.answered_at)
+    first = arrivals[0]
+    ended = started + OUTAGE_S
+    return sum(1 for t in arrivals if first + PROBE_MS / 1000.0 <= t < ended)
+
+
+def allowed_probes():
+    """One probe per interval during the outage."""
+    return int(OUTAGE_S * 1000 // PROBE_MS)
