@@ -231,6 +231,11 @@ def test_the_guard_moves_a_call_on_or_books_its_place_and_settles_its_tokens():
     first.sent = True
     guard.after(first, Usage(10, 5), None)
     assert log.total == 15
+    # A call a later guard stopped (never sent) stops counting at once.
+    unsent = provider_call('job-7', model='q', limits={'rpm': 1})
+    assert guard.before(unsent) is None and len(window._logs['p/q'].counted) == 1
+    guard.after(unsent, None, EntryUnavailable(1.0, 'budget', {}))
+    assert window._logs['p/q'].counted == {}
     # A call's own limits (the provider file's) count as the setting's do; no limit, no count.
     assert guard.before(provider_call('job-4', limits={'rpm': 1}, model='n')) is None
     with pytest.raises(EntryUnavailable):

@@ -472,8 +472,8 @@ class RateLimitGuard(CallGuard):
             return
         entry, member, counts_tokens = note
         try:
-            if not call.sent or isinstance(failure, (EntryUnavailable, JobDeferred)):
-                self.window.release(entry, member)  # never sent: it stops counting now
+            if not call.sent:  # a later guard stopped it: it stops counting now
+                self.window.release(entry, member)
                 return
             used = None
             if counts_tokens and usage is not None:
