@@ -4,20 +4,22 @@ limits"; the rate that tests/test_ratelimit_processes.py pins no more, a rate be
 Each round runs that test's set-up (tests/support/rate_limited.py): a loopback OpenAI-compatible
 server (tests/support/fake_openai.py) that answers 429 beyond --limit requests in any --window-ms,
 --workers ``python aijob.py worker`` processes (tests/support/worker_processes.py) on MariaDB +
-Redis holding that limit with --margin-ms (AIJOB_RATE_LIMIT_MARGIN_MS), and --jobs flashcard
+Redis holding that limit, and --jobs flashcard
 jobs, and waits for every job to end. Printed per round: the requests the provider answered,
 those that came over its limit (each answered 429, so its job retried), the deferrals, the
 steady rate (the requests past the first window's burst over the time from the first answer to
 the last) and its % of the limit, and the time to spare at the closest approach (the shortest
 span of limit + 1 consecutive answers, less the window: 0 is one request short of a 429). Then
-the medians over the rounds. The margin caps the steady rate at window / (window + margin).
+the medians over the rounds. A request counts from its reservation until a window after its
+response, so the steady rate is capped at window / (window + the time from a reservation to its
+answer, the wake-up's lateness included).
 
 The database (--database-url, created if missing) has its tables emptied each round and is
 dropped at the end if this run created it; each round has a Redis prefix of its own, deleted at
 the end. It stops only the processes it started, by pid.
 
     python benchmarks/ratelimit_rate.py [--rounds 3] [--jobs 200] [--limit 40] \\
-        [--window-ms 4000] [--margin-ms 400] [--workers 3] \\
+        [--window-ms 4000] [--workers 3] \\
         [--database-url mysql://root@127.0.0.1:3306/bench_ratelimit] \\
         [--redis-url redis://127.0.0.1:6379/0]
 """
@@ -85,7 +87,7 @@ def one_round(args, folder):
     fake = limit_fake(FakeOpenAI().start(), args.limit, window_s)
     prefix = 'bench-ratelimit-%s' % uuid.uuid4().hex[:8]
     env = dict(
-        settings(fake.base_url, args.limit, window_s, args.margin_ms),
+        settings(fake.base_url, args.limit, window_s),
         AIJOB_DATABASE_URL=args.database_url,
         AIJOB_REDIS_URL=args.redis_url,
         AIJOB_REDIS_PREFIX=prefix,
@@ -129,7 +131,7 @@ def spare_ms(answered, limit, window_s):
 
 def wait_ended(args):
     """Every job ended, within ten times its slots' time (a 429's retry waits too)."""
-    slots_s = args.jobs / args.limit * (args.window_ms + args.margin_ms) / 1000.0
+    slots_s = args.jobs / args.limit * args.window_ms / 1000.0
     wait_until(
         lambda: not AiJob.select().where(AiJob.lifecycle_status.not_in(TERMINAL)).count(),
         timeout=60 + 10 * slots_s,
@@ -143,7 +145,6 @@ def main():
     parser.add_argument('--jobs', type=int, default=200)
     parser.add_argument('--limit', type=int, default=40, help='requests per window')
     parser.add_argument('--window-ms', type=int, default=4000)
-    parser.add_argument('--margin-ms', type=int, default=400)
     parser.add_argument('--workers', type=int, default=3)
     parser.add_argument('--database-url', default=DATABASE_URL, help='MySQL/MariaDB')
     parser.add_argument('--redis-url', default=REDIS_URL)
@@ -161,17 +162,13 @@ def main():
         if created:
             drop_database(args.database_url)
     median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-    cap = 100.0 * args.window_ms / (args.window_ms + args.margin_ms)
     print(
-        'median over %d rounds (limit %d per %d ms, margin %d ms, %d workers; the margin caps the '
-        'steady rate at %.0f%%): %s'
+        'median over %d rounds (limit %d per %d ms, %d workers): %s'
         % (
             args.rounds,
             args.limit,
             args.window_ms,
-            args.margin_ms,
             args.workers,
-            cap,
             describe(median, args),
         )
     )

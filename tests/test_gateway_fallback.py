@@ -36,6 +36,17 @@ from tests.support.backends import REDIS_URL, RUN_PREFIX, delete_redis_keys, req
 from tests.support.dashboard import FormClient
 from tests.support.fake_openai import FakeOpenAI, Reply, error_reply, json_reply
 from tests.support.helpers import create_job, wait_until
+from tests.support.provider_outage import (
+    LONG_COOLDOWN_MS,
+    OUTAGE_S,
+    PROBE_MS,
+    RECOVERY_JOBS,
+    allowed_probes,
+    outage,
+    probes_during,
+    recovery_settings,
+    wait_recovered,
+)
 from tests.support.routed_jobs import routed_definition
 from tests.support.runtimes import FAST_SETTINGS, MASTER_KEY, fast_registry, wait_terminal
 
@@ -494,3 +505,96 @@ def test_the_cooldown_rule_in_redis():
     finally:
         client.close()
         delete_redis_keys(prefix)
+
+
+def check_probe(worker_a, worker_b, advance):
+    """While an entry cools, one call per probe interval goes, from whichever worker asks first;
+    its answer ends the cooldown for every worker, its failure keeps it and starts the interval
+    again; a probe whose worker died frees the claim at its deadline; no probe goes before a
+    Retry-After has passed. ``worker_a`` and ``worker_b`` share the state (two processes)."""
+    entry, ttl = 'p/one', 60000
+    for call_id in ('f1', 'f2', 'f3'):
+        assert worker_a.acquire(entry, call_id, ttl) == (True, 0.0)
+        left = worker_a.report(entry, call_id, FAILED)
+    assert 59 < left <= 60  # cooling for the whole cooldown
+    go, wait_s = worker_b.acquire(entry, 'early', ttl)
+    assert not go and 0.9 < wait_s <= 1.0  # until the first probe's time, not the cooldown's end
+    advance(1.05)
+    assert worker_b.acquire(entry, 'probe-1', ttl) == (True, 0.0)  # the probe: worker b's
+    go, wait_s = worker_a.acquire(entry, 'other', ttl)
+    assert not go and 0.1 <= wait_s <= 1.0  # one probe at a time: the others follow it closely
+    assert 58 < worker_b.report(entry, 'probe-1', FAILED) <= 60  # a failure keeps the cooldown
+    go, wait_s = worker_a.acquire(entry, 'other', ttl)
+    assert not go and 0.9 < wait_s <= 1.0  # and starts the interval again
+    advance(1.05)
+    assert worker_a.acquire(entry, 'probe-2', 500) == (True, 0.0)  # its worker dies
+    assert worker_b.acquire(entry, 'other', ttl)[0] is False
+    advance(0.6)  # past the dead probe's deadline: the claim is free
+    assert worker_b.acquire(entry, 'probe-3', ttl) == (True, 0.0)
+    assert worker_a.acquire(entry, 'other', ttl)[0] is False
+    assert worker_b.report(entry, 'probe-3', ANSWERED) == 0.0  # back: over for every worker
+    assert worker_a.remaining([entry])[entry] == 0
+    assert worker_a.acquire(entry, 'after-a', ttl) == (True, 0.0)
+    assert worker_b.acquire(entry, 'after-b', ttl) == (True, 0.0)
+    # A 429's Retry-After is the provider's own word: no probe before it has passed.
+    assert worker_a.acquire('p/asked', 'r1', ttl) == (True, 0.0)
+    assert worker_a.report('p/asked', 'r1', FAILED, retry_after_s=30) == 30.0
+    advance(1.05)
+    go, wait_s = worker_b.acquire('p/asked', 'r2', ttl)
+    assert not go and 27 < wait_s <= 29
+
+
+PROBE_POLICY = CooldownPolicy(3, 60000, 60000, probe_ms=1000)
+
+
+def test_one_probe_per_interval_ends_or_keeps_the_cooldown_in_the_process():
+    clock = Clock()
+    cooldowns = MemoryCooldowns(PROBE_POLICY, clock=clock)
+
+    def advance(seconds):
+        clock.now += seconds
+
+    check_probe(cooldowns, cooldowns, advance)
+
+
+def test_one_probe_per_interval_ends_or_keeps_the_cooldown_in_redis():
+    require_servers('redis')
+    prefix = '%s-probes' % RUN_PREFIX
+    clients = [redis.Redis.from_url(REDIS_URL, decode_responses=True) for _ in range(2)]
+    try:
+        worker_a, worker_b = (RedisCooldowns(PROBE_POLICY, c, prefix) for c in clients)
+        check_probe(worker_a, worker_b, time.sleep)
+    finally:
+        for client in clients:
+            client.close()
+        delete_redis_keys(prefix)
+
+
+# ---------------------------------------------------------------- a one-provider route recovers
+def test_a_one_provider_route_is_used_again_within_a_probe_interval_of_its_recovery(
+    make_runtime,
+):
+    fake = FakeOpenAI().start()
+    try:
+        patient = routed_definition(max_retries=10)  # each failed probe spends a retry
+        rt = make_runtime(registry=fast_registry(patient), **recovery_settings(fake))
+        with rt.store.connection():
+            rt.start_background()
+            started, back = outage(fake)
+            jobs = [
+                create_job(rt, job_type='routed', user_id='u%d' % i) for i in range(RECOVERY_JOBS)
+            ]
+            elapsed = wait_recovered(jobs, started)
+            back.join()
+            failed = AiUsageLog.select().where(AiUsageLog.error_code.is_null(False)).count()
+            assert rt.ai.gateway.cooldown_state() == {'a/m': 0}  # the probe ended it, for all
+        probes = probes_during(fake, started)
+        print(
+            'one-provider route, down %.0f s, probe every %d ms, cooldown %d ms: %d jobs '
+            'succeeded by %.1f s; %d failed calls, %d of them probes'
+            % (OUTAGE_S, PROBE_MS, LONG_COOLDOWN_MS, len(jobs), elapsed, failed, probes)
+        )
+        # The outage cost the threshold's calls plus at most one probe per interval.
+        assert probes <= allowed_probes()
+    finally:
+        fake.stop()

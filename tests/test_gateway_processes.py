@@ -1,20 +1,34 @@
-"""Cooldowns shared by every worker process (issue 21 item 3), with three real ``python aijob.py
-worker`` processes on MariaDB + Redis: while the first provider of the route is down (it answers
-503 to everything), the calls it receives in total during one cooldown are at most the failure
-threshold, and every job succeeds on the second provider."""
+"""Cooldowns shared by every worker process (issue 21 item 3, issue 31 item 5), with real
+``python aijob.py worker`` processes on MariaDB + Redis: while the first provider of the route is
+down (it answers 503 to everything), the calls it receives in total are at most the failure
+threshold plus one probe per probe interval, and every job succeeds on the second provider; a
+one-provider route whose provider comes back is used again within a probe interval."""
 
 import json
+import time
 
 import pytest
 
 from engine.core.models import AiJobEvent, AiUsageLog
 from tests.support.fake_openai import FakeOpenAI, error_reply, json_reply
 from tests.support.helpers import create_job
+from tests.support.provider_outage import (
+    LONG_COOLDOWN_MS,
+    OUTAGE_S,
+    PROBE_MS,
+    RECOVERY_JOBS,
+    allowed_probes,
+    outage,
+    probes_during,
+    recovery_settings,
+    wait_recovered,
+)
 from tests.support.routed_jobs import routed_definition
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 
 THRESHOLD = 3
 JOBS = 30
+DOWN_PROBE_MS = 2000
 
 
 @pytest.fixture
@@ -27,7 +41,7 @@ def two_providers():
     healthy.stop()
 
 
-def test_three_workers_send_a_down_provider_at_most_the_threshold_during_one_cooldown(
+def test_three_workers_send_a_down_provider_at_most_the_threshold_and_a_probe_per_interval(
     make_runtime, backend, spawn, two_providers
 ):
     if backend.redis_url is None:
@@ -57,6 +71,7 @@ def test_three_workers_send_a_down_provider_at_most_the_threshold_during_one_coo
         AIJOB_COOLDOWN_FAILURES=str(THRESHOLD),
         AIJOB_COOLDOWN_WINDOW_MS='60000',
         AIJOB_COOLDOWN_MS='60000',  # longer than the test: everything below is one cooldown
+        AIJOB_COOLDOWN_PROBE_MS=str(DOWN_PROBE_MS),
         AIJOB_DEFINITIONS='tests.support.routed_jobs',
         AIJOB_INTERACTIVE_CONCURRENCY='1',
         AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',
@@ -65,8 +80,11 @@ def test_three_workers_send_a_down_provider_at_most_the_threshold_during_one_coo
     rt = make_runtime(registry=fast_registry(routed_definition()), **settings)
     workers = [spawn(backend.env(**settings)) for _ in range(3)]
     with rt.store.connection():
+        started = time.monotonic()
         jobs = [create_job(rt, job_type='routed', user_id='u%d' % i) for i in range(JOBS)]
         done = [wait_terminal(rt, job.id, timeout=60) for job in jobs]
+        # the probes the cooldown allowed, one per interval since the first call at the most
+        probes = int((time.monotonic() - started) * 1000 // DOWN_PROBE_MS)
         assert [job.lifecycle_status for job in done] == ['succeeded'] * JOBS
         calls_to_down = AiUsageLog.select().where(AiUsageLog.provider == 'a').count()
         answered = AiUsageLog.select().where(
@@ -75,10 +93,10 @@ def test_three_workers_send_a_down_provider_at_most_the_threshold_during_one_coo
         fallbacks = list(AiJobEvent.select().where(AiJobEvent.kind == 'fallback'))
         cooling = rt.ai.gateway.cooldown_state()['a/model-a']
     print(
-        'down provider: %d calls received for %d jobs on 3 workers (threshold %d); '
-        'cooldown left %.1f s' % (len(down.requests), JOBS, THRESHOLD, cooling)
+        'down provider: %d calls received for %d jobs on 3 workers (threshold %d, %d probes '
+        'allowed); cooldown left %.1f s' % (len(down.requests), JOBS, THRESHOLD, probes, cooling)
     )
-    assert len(down.requests) <= THRESHOLD
+    assert len(down.requests) <= THRESHOLD + probes
     assert calls_to_down == len(down.requests)  # each call it received has its usage row
     assert answered.count() == JOBS and len(healthy.requests) == JOBS
     assert len(fallbacks) == JOBS  # every job went past the down entry, by a failure or a skip
@@ -90,3 +108,37 @@ def test_three_workers_send_a_down_provider_at_most_the_threshold_during_one_coo
     assert cooling > 0
     assert sum(len(w.events('gateway.cooldown')) for w in workers) >= 1
     assert all(w.proc.poll() is None for w in workers)  # none crashed on the way
+
+
+@pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
+def test_two_workers_use_a_one_provider_route_again_within_a_probe_interval_of_its_recovery(
+    make_runtime, backend, spawn
+):
+    fake = FakeOpenAI().start()
+    try:
+        settings = dict(
+            recovery_settings(fake),
+            AIJOB_DEFINITIONS='tests.support.patient_jobs',
+            AIJOB_INTERACTIVE_CONCURRENCY='2',
+        )
+        rt = make_runtime(registry=fast_registry(routed_definition(max_retries=10)), **settings)
+        workers = [spawn(backend.env(**settings)) for _ in range(2)]
+        with rt.store.connection():
+            started, back = outage(fake)
+            jobs = [
+                create_job(rt, job_type='routed', user_id='u%d' % i) for i in range(RECOVERY_JOBS)
+            ]
+            elapsed = wait_recovered(jobs, started)
+            back.join()
+            failed = AiUsageLog.select().where(AiUsageLog.error_code.is_null(False)).count()
+            assert rt.ai.gateway.cooldown_state() == {'a/m': 0}  # the probe ended it, for all
+        probes = probes_during(fake, started)
+        print(
+            'one-provider route over 2 workers, down %.0f s, probe every %d ms, cooldown %d ms: '
+            '%d jobs succeeded by %.1f s; %d failed calls, %d of them probes'
+            % (OUTAGE_S, PROBE_MS, LONG_COOLDOWN_MS, len(jobs), elapsed, failed, probes)
+        )
+        assert probes <= allowed_probes()  # one per interval, whichever worker claimed it
+        assert all(w.proc.poll() is None for w in workers)
+    finally:
+        fake.stop()

@@ -1,6 +1,7 @@
-"""Rate limits (issue 21 item 4): the sliding-window log with booked slots, in Redis (one Lua script
-shared by every process) and in the process, exact under concurrency; the guard around the
-engine's calls, on both backend pairs."""
+"""Rate limits (issue 21 item 4, issue 31 item 4): the log of requests counted from their
+reservation until a window after their response, and the queue of booked places, in Redis (one Lua
+script shared by every process) and in the process, exact under concurrency and whatever the delay
+before the provider; the guard around the engine's calls, on both backend pairs."""
 
 import threading
 import time
@@ -10,10 +11,12 @@ import uuid
 import pytest
 import redis
 
+from engine.core.config import Config
 from engine.core.errors import ConfigError
 from engine.core.models import AiJob, AiJobEvent
 from engine.execution.providers import EntryUnavailable, ProviderCall, ProviderRequest, Usage
 from engine.gateway.ratelimits import (
+    LATE_MS,
     Limits,
     LocalWindow,
     RateLimitGuard,
@@ -21,20 +24,24 @@ from engine.gateway.ratelimits import (
     parse_limits,
 )
 from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
-from tests.support.helpers import create_job
+from tests.support.fake_openai import fake  # noqa: F401
+from tests.support.helpers import create_job, wait_until
+from tests.support.rate_limited import create_jobs, limit_fake, settings
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
+
+HOLD_MS = 60_000  # a call's deadline: how long a request with no response may count
 
 
 @pytest.fixture(params=['local', 'redis'])
 def make_window(request):
-    """``make_window(counted_ms, late_ms)``: a fresh limiter of either kind; each call of the
-    Redis kind is a client of its own (as another process would be), on the same keys."""
+    """``make_window(window_ms, late_ms=LATE_MS)``: a fresh limiter of either kind; each call of
+    the Redis kind is a client of its own (as another process would be), on the same keys."""
     if request.param == 'local':
         shared = {}
 
-        def make(counted_ms, late_ms):
+        def make(window_ms, late_ms=LATE_MS):
             if 'window' not in shared:
-                shared['window'] = LocalWindow(counted_ms, late_ms)
+                shared['window'] = LocalWindow(window_ms, late_ms)
             return shared['window']
 
         yield make
@@ -43,9 +50,9 @@ def make_window(request):
     prefix = 'aijob-test-rl-%s' % uuid.uuid4().hex[:8]
     clients = []
 
-    def make(counted_ms, late_ms):
+    def make(window_ms, late_ms=LATE_MS):
         clients.append(redis.Redis.from_url(REDIS_URL, decode_responses=True))
-        return RedisWindow(clients[-1], prefix, counted_ms, late_ms)
+        return RedisWindow(clients[-1], prefix, window_ms, late_ms)
 
     yield make
     for client in clients:
@@ -53,13 +60,17 @@ def make_window(request):
     delete_redis_keys(prefix)
 
 
+def reserve(window, member, limits, book=True, tokens=0, hold_ms=HOLD_MS):
+    return window.reserve('p/m', member, tokens, limits, book, hold_ms)
+
+
 def slot_of(member):
     return int(float(member.rsplit('@', 1)[1]))
 
 
 def test_no_window_ever_holds_more_than_the_limit_under_concurrent_reservations(make_window):
-    limit, counted_ms = 25, 400
-    windows = [make_window(counted_ms, 0) for _ in range(4)]
+    limit, window_ms = 25, 400
+    windows = [make_window(window_ms) for _ in range(4)]
     admitted, lock = [], threading.Lock()
     stop_at = time.monotonic() + 1.3
 
@@ -67,8 +78,9 @@ def test_no_window_ever_holds_more_than_the_limit_under_concurrent_reservations(
         window, n = windows[i % len(windows)], 0
         while time.monotonic() < stop_at:
             n += 1
-            slot = window.reserve('p/m', 't%d-%d' % (i, n), 0, Limits(rpm=limit), book=False)
+            slot = reserve(window, 't%d-%d' % (i, n), Limits(rpm=limit), book=False)
             if slot.wait_ms == 0:
+                window.settle('p/m', slot.member)  # answered at once
                 with lock:
                     admitted.append(slot_of(slot.member))
 
@@ -78,76 +90,91 @@ def test_no_window_ever_holds_more_than_the_limit_under_concurrent_reservations(
     for thread in threads:
         thread.join(10)
     admitted.sort()
-    # Any limit + 1 requests span more than the counted window: no window holds limit + 1.
-    assert all(
-        admitted[i + limit] - admitted[i] >= counted_ms for i in range(len(admitted) - limit)
-    )
-    # And the limit is used: 1.3 s holds at least three full windows of 0.4 s.
-    assert len(admitted) >= 3 * limit
-    print('admitted %d in 1.3 s at %d per %d ms' % (len(admitted), limit, counted_ms))
+    # Any limit + 1 reservations span more than the window: no window holds limit + 1.
+    assert all(admitted[i + limit] - admitted[i] >= window_ms for i in range(len(admitted) - limit))
+    assert len(admitted) > limit  # the window rolled on: requests that left made room
+    print('admitted %d in 1.3 s at %d per %d ms' % (len(admitted), limit, window_ms))
 
 
-def test_waiting_calls_get_their_own_slots_in_order_and_take_them_when_they_come_back(
-    make_window,
-):
-    window = make_window(300, 100)
+def test_a_request_counts_until_a_window_after_its_response_however_late_that_is(make_window):
+    window = make_window(200)
+    one = Limits(rpm=1)
+    first = reserve(window, 'a', one)
+    assert first.wait_ms == 0
+    time.sleep(0.4)  # twice the window, and no response yet: the provider may not have it yet
+    assert reserve(window, 'b', one).wait_ms > 0
+    window.settle('p/m', first.member)
+    assert 100 < reserve(window, 'b', one).wait_ms <= 201  # a window from its response
+    time.sleep(0.21)
+    assert reserve(window, 'b', one).wait_ms == 0
+
+
+def test_a_request_never_sent_is_released_at_once(make_window):
+    window = make_window(60_000)
+    one = Limits(rpm=1)
+    first = reserve(window, 'a', one, book=False)
+    assert reserve(window, 'b', one, book=False).wait_ms > 0
+    window.release('p/m', first.member)
+    assert reserve(window, 'b', one, book=False).wait_ms == 0
+
+
+def test_waiting_calls_keep_their_places_in_order_however_late_they_come_back(make_window):
+    window = make_window(300)
     two = Limits(rpm=2)
-    started = time.monotonic()
-    assert window.reserve('p/m', 'a', 0, two, book=True).wait_ms == 0
-    assert window.reserve('p/m', 'b', 0, two, book=True).wait_ms == 0
-    c = window.reserve('p/m', 'c', 0, two, book=True).wait_ms
-    d = window.reserve('p/m', 'd', 0, two, book=True).wait_ms
-    e = window.reserve('p/m', 'e', 0, two, book=True).wait_ms
-    # c and d take the slots a and b leave; e the one c leaves: one wake-up per opening.
-    # (Bounds loose by 100 ms: a loaded machine may take that long between the calls.)
-    assert 150 <= c <= 300 and 150 <= d <= 300 and 200 <= e - c <= 300
-    early = window.reserve('p/m', 'c', 0, two, book=True)
-    assert 0 < early.wait_ms <= c  # too early: still its own slot, not a new one
-    time.sleep(c / 1000.0)
-    on_time = window.reserve('p/m', 'c', 0, two, book=True)
-    assert on_time.wait_ms == 0 and on_time.member.startswith('c@')
-    # A newcomer queues behind every booked slot (e's is the last: f shares it, 2 per window).
-    elapsed_ms = (time.monotonic() - started) * 1000.0
-    assert window.reserve('p/m', 'f', 0, two, book=True).wait_ms >= e - elapsed_ms - 5
-    assert window.reserve('p/m', 'g', 0, two, book=True).wait_ms >= e - elapsed_ms + 250
+    for member in ('a', 'b'):
+        slot = reserve(window, member, two)
+        assert slot.wait_ms == 0
+        window.settle('p/m', slot.member)
+    c, d, e = (reserve(window, member, two).wait_ms for member in 'cde')
+    # c and d fit when a and b leave (d's time at least a millisecond after c's, as each
+    # place's follows the ones before it), e when c does (bounds loose by 100 ms: a loaded
+    # machine may take that long between the calls).
+    assert 150 <= c <= 300 and c - 5 <= d <= 301 and 200 <= e - c <= 300
+    early = reserve(window, 'c', two)
+    assert 0 < early.wait_ms <= c  # too early: it keeps its place and is told the rest
+    time.sleep(e / 1000.0 + 0.5)  # every place's time is long past: all three come back late
+    assert reserve(window, 'f', two).wait_ms > 0  # a newcomer queues behind them
+    assert reserve(window, 'e', two).wait_ms > 0  # e is behind c and d, who have not come back
+    for member in 'cd':
+        taken = reserve(window, member, two)
+        assert taken.wait_ms == 0 and taken.member.startswith(member + '@')  # late, yet served
+        window.settle('p/m', taken.member)
+    assert reserve(window, 'e', two).wait_ms > 0  # c and d fill the window again
 
 
-def test_a_call_later_than_its_slot_allows_queues_again(make_window):
-    window = make_window(300, 50)
+def test_a_place_whose_call_never_comes_back_lapses_and_one_that_does_is_kept(make_window):
+    window = make_window(100, late_ms=300)
     one = Limits(rpm=1)
-    assert window.reserve('p/m', 'a', 0, one, book=True).wait_ms == 0
-    wait_ms = window.reserve('p/m', 'b', 0, one, book=True).wait_ms
-    booked_at = time.monotonic() + wait_ms / 1000.0
-    time.sleep(wait_ms / 1000.0 + 0.12)  # past its slot by more than the 50 ms allowed
-    late = window.reserve('p/m', 'b', 0, one, book=True)
-    if late.wait_ms == 0:  # the window had room again by now: a new slot, not the old one
-        assert slot_of(late.member) >= slot_of(late.member) - 1
-        assert time.monotonic() - booked_at > 0.05
-    else:
-        assert late.wait_ms > 0
+    window.settle('p/m', reserve(window, 'a', one).member)
+    assert reserve(window, 'gone', one).wait_ms > 0  # booked, never back
+    assert reserve(window, 'kept', one).wait_ms > 0
+    time.sleep(0.3)
+    assert reserve(window, 'kept', one).wait_ms > 0  # back in time, still behind 'gone'
+    time.sleep(0.3)  # past 'gone''s time by more than it may be late: its place lapsed
+    assert reserve(window, 'kept', one).wait_ms == 0
 
 
-def test_a_booked_slot_is_not_given_to_a_call_that_may_try_another_entry(make_window):
-    window = make_window(300, 50)
+def test_a_place_is_not_booked_for_a_call_that_may_try_another_entry(make_window):
+    window = make_window(300)
     one = Limits(rpm=1)
-    assert window.reserve('p/m', 'a', 0, one, book=False).wait_ms == 0
-    unbooked = window.reserve('p/m', 'b', 0, one, book=False).wait_ms
-    booked = window.reserve('p/m', 'c', 0, one, book=True).wait_ms
-    assert booked == pytest.approx(unbooked, abs=20)  # b took no slot: c has the first one
-    assert window.reserve('p/m', 'd', 0, one, book=True).wait_ms >= booked + 250
+    window.settle('p/m', reserve(window, 'a', one, book=False).member)
+    unbooked = reserve(window, 'b', one, book=False).wait_ms
+    booked = reserve(window, 'c', one).wait_ms
+    assert booked == pytest.approx(unbooked, abs=20)  # b took no place: c has the first one
+    assert reserve(window, 'd', one).wait_ms >= booked + 250
 
 
 def test_tokens_are_reserved_at_their_estimate_and_settled_with_the_usage(make_window):
-    window = make_window(60_000, 0)
+    window = make_window(60_000)
     limits = Limits(tpm=100)
-    first = window.reserve('p/m', 'a', 60, limits, book=False)
+    first = reserve(window, 'a', limits, book=False, tokens=60)
     assert first.wait_ms == 0
-    assert window.reserve('p/m', 'b', 60, limits, book=False).wait_ms > 0  # 120 > 100
+    assert reserve(window, 'b', limits, book=False, tokens=60).wait_ms > 0  # 120 > 100
     window.settle('p/m', first.member, 20)  # it used 20 of its 60
-    second = window.reserve('p/m', 'b', 60, limits, book=False)
+    second = reserve(window, 'b', limits, book=False, tokens=60)
     assert second.wait_ms == 0  # 80 <= 100
     window.release('p/m', second.member)  # never sent
-    assert window.reserve('p/m', 'c', 80, limits, book=False).wait_ms == 0  # 100 <= 100
+    assert reserve(window, 'c', limits, book=False, tokens=80).wait_ms == 0  # 100 <= 100
 
 
 def test_limits_are_parsed_with_the_entry_named_in_the_error():
@@ -160,6 +187,14 @@ def test_limits_are_parsed_with_the_entry_named_in_the_error():
         parse_limits({'gpt': {'rpm': 1}})
     with pytest.raises(ConfigError, match='openai/gpt: expected'):
         parse_limits({'openai/gpt': {'rps': 1}})
+
+
+def test_the_retired_margin_is_refused_at_start_up_with_one_line():
+    with pytest.raises(ConfigError) as refused:
+        Config.from_env({}, AIJOB_RATE_LIMIT_MARGIN_MS='0')
+    message = str(refused.value)
+    assert message.startswith('AIJOB_RATE_LIMIT_MARGIN_MS is no longer used: ')
+    assert '\n' not in message and 'after its response' in message
 
 
 def provider_call(job_id, has_next_entry=False, limits=None, max_tokens=None, model='m'):
@@ -178,8 +213,8 @@ def provider_call(job_id, has_next_entry=False, limits=None, max_tokens=None, mo
     )
 
 
-def test_the_guard_moves_a_call_on_or_books_its_slot_and_settles_its_tokens():
-    window = LocalWindow(1000, 100)
+def test_the_guard_moves_a_call_on_or_books_its_place_and_settles_its_tokens():
+    window = LocalWindow(1000)
     guard = RateLimitGuard(window, {'p/m': Limits(rpm=1, tpm=1000)})
     first = provider_call('job-1', max_tokens=90)
     assert guard.before(first) is None
@@ -189,19 +224,24 @@ def test_the_guard_moves_a_call_on_or_books_its_slot_and_settles_its_tokens():
     with pytest.raises(EntryUnavailable) as waits:
         guard.before(provider_call('job-3'))
     assert waits.value.delay_s == pytest.approx(moved.value.delay_s, abs=0.05)
-    assert [name for _, name in window._logs['p/m'].slots] == [
-        'job-1:1@%d' % (window._logs['p/m'].slots[0][0]),
-        'job-3:1',
-    ]  # only job-3 (no other entry) booked a slot
-    assert window._logs['p/m'].total == 100 + 10  # the estimates: 10 + 90, and 10
+    log = window._logs['p/m']
+    assert [name.split('@')[0] for name in log.counted] == ['job-1:1']
+    assert [booking[1] for booking in log.queue] == ['job-3:1']  # no other entry: booked
+    assert log.total == 100  # the estimate: 10 + 90
+    first.sent = True
     guard.after(first, Usage(10, 5), None)
-    assert window._logs['p/m'].total == 15 + 10
+    assert log.total == 15
+    # A call a later guard stopped (never sent) stops counting at once.
+    unsent = provider_call('job-7', model='q', limits={'rpm': 1})
+    assert guard.before(unsent) is None and len(window._logs['p/q'].counted) == 1
+    guard.after(unsent, None, EntryUnavailable(1.0, 'budget', {}))
+    assert window._logs['p/q'].counted == {}
     # A call's own limits (the provider file's) count as the setting's do; no limit, no count.
     assert guard.before(provider_call('job-4', limits={'rpm': 1}, model='n')) is None
     with pytest.raises(EntryUnavailable):
         guard.before(provider_call('job-5', limits={'rpm': 1}, model='n'))
     assert guard.before(provider_call('job-6', model='free')) is None
-    assert set(window._logs) == {'p/m', 'p/n'}
+    assert set(window._logs) == {'p/m', 'p/n', 'p/q'}
 
 
 def test_jobs_over_the_limit_wait_their_turn_and_no_window_sees_more_than_the_limit(
@@ -211,7 +251,6 @@ def test_jobs_over_the_limit_wait_their_turn_and_no_window_sees_more_than_the_li
         registry=fast_registry(),
         AIJOB_RATE_LIMITS='{"synthetic/synthetic-1": {"rpm": 3}}',
         AIJOB_RATE_LIMIT_WINDOW_MS='600',
-        AIJOB_RATE_LIMIT_MARGIN_MS='100',
         **FAST_SETTINGS,
     )
     calls = []
@@ -241,18 +280,43 @@ def test_jobs_over_the_limit_wait_their_turn_and_no_window_sees_more_than_the_li
     assert all(calls[i + 3] - calls[i] >= 0.6 for i in range(len(calls) - 3))
 
 
-def test_the_shared_log_lives_until_its_last_booked_slot_has_left_the_window():
+def test_the_shared_log_lives_until_its_last_place_could_lapse():
     require_servers('redis')
     prefix = 'aijob-test-rl-%s' % uuid.uuid4().hex[:8]
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
-        window = RedisWindow(client, prefix, 300, 50)
-        waits = [window.reserve('p/m', 'j%d' % i, 0, Limits(rpm=1), book=True) for i in range(6)]
+        window = RedisWindow(client, prefix, 300)
+        first = reserve(window, 'j0', Limits(rpm=1), hold_ms=1000)
+        window.settle('p/m', first.member)
+        waits = [reserve(window, 'j%d' % i, Limits(rpm=1), hold_ms=1000) for i in range(1, 6)]
         last_ms = waits[-1].wait_ms
-        assert last_ms >= 1400  # five slots booked one window apart
-        window.reserve('p/m', 'late-comer', 0, Limits(rpm=1), book=False)
+        assert last_ms >= 1150  # five places booked one window apart
+        reserve(window, 'late-comer', Limits(rpm=1), book=False, hold_ms=1000)
         for key in window.keys('p/m'):
-            assert client.pttl(key) >= last_ms + 300
+            assert client.pttl(key) >= last_ms + LATE_MS  # the last place's time, and its lateness
     finally:
         client.close()
         delete_redis_keys(prefix)
+
+
+def test_every_job_runs_under_the_limit_in_one_process_as_serve_runs_them(
+    make_runtime,
+    fake,  # noqa: F811
+):
+    """The stall case of issue 31 (32 jobs, 8 per 5 s) with every worker in one process, as
+    ``serve`` runs them (and as ``web`` + ``worker`` do on MariaDB + Redis): all succeed, and
+    the fake provider, counting arrivals over the same window, never sees one over the limit."""
+    limit_fake(fake, 8, 5.0)
+    rt = make_runtime(**settings(fake.base_url, 8, 5.0))
+    with rt.store.connection():
+        rt.start_background()
+        create_jobs(rt, 32)
+
+        def finished():
+            succeeded = AiJob.select().where(AiJob.lifecycle_status == 'succeeded').count()
+            return succeeded == 32 or fake.over_limit
+
+        wait_until(finished, timeout=90, interval=0.2)
+        statuses = [job.lifecycle_status for job in AiJob.select(AiJob.lifecycle_status)]
+    assert fake.over_limit == 0
+    assert statuses == ['succeeded'] * 32 and len(fake.answered_at) == 32

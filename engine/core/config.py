@@ -639,6 +639,14 @@ SETTINGS = (
         'that long instead, if longer).',
     ),
     Setting(
+        'AIJOB_COOLDOWN_PROBE_MS',
+        '2000',
+        positive_int,
+        'While a provider/model cools down, one call every this long (from any one worker) tries '
+        'it: its success ends the cooldown for every worker, its failure keeps it (no probe when '
+        'this is not shorter than AIJOB_COOLDOWN_MS).',
+    ),
+    Setting(
         'AIJOB_CONTENT_SAFETY_PATTERNS',
         '',
         json_string_list_or_empty,
@@ -668,13 +676,6 @@ SETTINGS = (
         '60000',
         positive_int,
         'The window "per minute" of rpm and tpm counts over (the provider\'s).',
-    ),
-    Setting(
-        'AIJOB_RATE_LIMIT_MARGIN_MS',
-        '500',
-        non_negative_int,
-        'A request counts this much longer than the window: the time it may take to reach the '
-        'provider after its reservation, so the provider never sees more than the limit.',
     ),
 )
 
@@ -761,11 +762,26 @@ class Config:
                 raise ConfigError('%s is invalid: %s (%s)' % (shown, exc, setting.help)) from None
         check_together(values)
         values['provider_keys'] = provider_keys(values['providers'], environ)
+        refuse_retired(environ)
         return cls(values)
 
     @property
     def uses_redis(self):
         return self.redis_url is not None
+
+
+# Settings that were removed, and why: set, they would be believed to work.
+RETIRED = {
+    'AIJOB_RATE_LIMIT_MARGIN_MS': 'a request now counts until one window after its response, '
+    'whatever its way to the provider (README "Provider rate limits"); unset it',
+}
+
+
+def refuse_retired(environ):
+    """ConfigError (one line) for a setting that no longer works."""
+    for env, why in RETIRED.items():
+        if env in environ:
+            raise ConfigError('%s is no longer used: %s' % (env, why))
 
 
 def provider_keys(providers, environ):

@@ -8,6 +8,16 @@ between them, start a cooldown of AIJOB_COOLDOWN_MS; a 429 with Retry-After star
 as long as it asks. A failure is an outage's: a timeout, a refused connection, a 5xx or a 429;
 a bad request, a refused key or malformed output says nothing of the provider's health.
 
+While an entry cools, one call per AIJOB_COOLDOWN_PROBE_MS may go to it as a *probe* (issue 31
+item 5): the first call of any worker once the interval has passed claims it (in the shared
+state, so one worker only). The probe's answer ends the cooldown for every worker; its failure
+keeps the cooldown and starts the interval again. So a provider back after a few seconds is used
+again within one interval, not after the whole cooldown, and an outage costs the threshold's
+failures plus one probe per interval. Calls skipped while a probe is out wait about as long as it
+has been out (a tenth of a second at least, an interval at most), so they follow a quick answer
+closely without polling a hanging probe; calls skipped otherwise wait for the next probe's time.
+No probe goes before a Retry-After has passed.
+
 Every call to an entry is counted while it is in flight (until it reports, or until its job's
 deadline passes: a worker that dies mid-call leaks nothing longer). Once an entry has failed,
 and until its next success, a call may go only while its failures plus the calls in flight
@@ -34,6 +44,9 @@ from ..execution.providers import CallGuard, EntryUnavailable
 # How long a call waits when a failed entry has as many calls in flight as failures are still
 # allowed (it moves to the next entry, or the job is deferred this long).
 PROBE_WAIT_MS = 1000
+# The least a call waits while a cooling entry's probe is out (it waits as long as the probe has
+# been out, up to a probe interval).
+PROBE_OUT_MIN_WAIT_MS = 100
 ANSWERED, FAILED, NO_CALL = 0, 1, 2  # how a call ended, for ``report``
 # Codes that count as the provider's failure.
 OUTAGE_CODES = frozenset(
@@ -49,46 +62,72 @@ COOLDOWN_CODE = 'PROVIDER_COOLDOWN'  # the errorCode of a fallback past a coolin
 REDIS_ERROR_LOG_EVERY_S = 10.0
 
 # acquire: KEYS[1] the entry's hash, KEYS[2] its calls in flight; ARGV threshold, window_ms,
-# probe_wait_ms, the call's id, its deadline in ms from now. Returns {1, 0} go (the call is
-# counted in flight), {0, wait_ms} skip.
+# probe_wait_ms, the call's id, its deadline in ms from now, probe_ms. Returns {1, 0} go (the call
+# is counted in flight; during a cooldown it is the probe), {0, wait_ms} skip.
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local h = redis.call('HMGET', KEYS[1], 'until', 'fails', 'since')
+local h = redis.call('HMGET', KEYS[1], 'until', 'fails', 'since', 'probe_next', 'prober',
+  'probe_at', 'probe_end')
 local untl = tonumber(h[1]) or 0
-if untl > now then return {0, untl - now} end
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local fails = tonumber(h[2]) or 0
-if fails > 0 and now - (tonumber(h[3]) or 0) >= tonumber(ARGV[2]) then
-  redis.call('HDEL', KEYS[1], 'fails', 'since')
-  fails = 0
-end
-if fails > 0 and fails + redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[1]) then
-  return {0, tonumber(ARGV[3])}
-end
 local ttl = tonumber(ARGV[5])
+if untl > now then
+  if h[5] and (tonumber(h[7]) or 0) > now then  -- a probe is out: wait about as long as it has
+    local age = now - (tonumber(h[6]) or now)
+    local wait = math.min(tonumber(ARGV[6]), math.max(%(out_min)d, age))
+    return {0, math.min(untl - now, wait)}
+  end
+  local probe_next = tonumber(h[4]) or untl
+  if probe_next > now then return {0, math.min(probe_next, untl) - now} end
+  redis.call('HSET', KEYS[1], 'prober', ARGV[4], 'probe_at', now, 'probe_end', now + ttl)
+else
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  local fails = tonumber(h[2]) or 0
+  if fails > 0 and now - (tonumber(h[3]) or 0) >= tonumber(ARGV[2]) then
+    redis.call('HDEL', KEYS[1], 'fails', 'since')
+    fails = 0
+  end
+  if fails > 0 and fails + redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[1]) then
+    return {0, tonumber(ARGV[3])}
+  end
+end
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[4])
 if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
 return {1, 0}
-"""
+""" % {'out_min': PROBE_OUT_MIN_WAIT_MS}
 
 # report: KEYS[1] the entry's hash, KEYS[2] its calls in flight; ARGV outcome (0 answered,
 # 1 failed, 2 none: no call was made), the call's id, retry_after_ms (0: none), threshold,
-# window_ms, cooldown_ms. Returns the cooldown left in ms (0: none).
+# window_ms, cooldown_ms, probe_ms. Returns the cooldown left in ms (0: none).
 _REPORT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREM', KEYS[2], ARGV[2])
+local h = redis.call('HMGET', KEYS[1], 'until', 'fails', 'since', 'prober')
+local untl = tonumber(h[1]) or 0
+local probed = h[4] == ARGV[2]
+if probed then redis.call('HDEL', KEYS[1], 'prober', 'probe_at', 'probe_end') end
 if ARGV[1] == '2' then return 0 end
 if ARGV[1] == '0' then
+  -- an answer ends the suspicion; the probe's ends the cooldown, for every worker
+  if probed then redis.call('HDEL', KEYS[1], 'until', 'probe_next') end
   redis.call('HDEL', KEYS[1], 'fails', 'since')
   return 0
 end
-local h = redis.call('HMGET', KEYS[1], 'until', 'fails', 'since')
-local untl = tonumber(h[1]) or 0
-if untl > now then return untl - now end
-local cooldown = 0
 local retry_after = tonumber(ARGV[3])
+local probe_ms = tonumber(ARGV[7])
+if untl > now then
+  if probed then  -- the cooldown stays; the next probe after an interval (or the Retry-After)
+    if now + retry_after > untl then
+      untl = now + retry_after
+      redis.call('HSET', KEYS[1], 'until', untl)
+      redis.call('PEXPIRE', KEYS[1], retry_after + tonumber(ARGV[5]) + 60000)
+    end
+    redis.call('HSET', KEYS[1], 'probe_next', now + math.max(probe_ms, retry_after))
+  end
+  return untl - now
+end
+local cooldown = 0
 local fails = tonumber(h[2]) or 0
 if fails == 0 or now - (tonumber(h[3]) or 0) >= tonumber(ARGV[5]) then
   fails = 1
@@ -99,8 +138,9 @@ end
 if fails >= tonumber(ARGV[4]) then cooldown = tonumber(ARGV[6]) end
 if retry_after > cooldown then cooldown = retry_after end
 if cooldown > 0 then
-  redis.call('HSET', KEYS[1], 'until', now + cooldown)
-  redis.call('HDEL', KEYS[1], 'fails', 'since')
+  local probe_next = now + math.max(probe_ms, retry_after)
+  redis.call('HSET', KEYS[1], 'until', now + cooldown, 'probe_next', probe_next)
+  redis.call('HDEL', KEYS[1], 'fails', 'since', 'prober', 'probe_at', 'probe_end')
 else
   redis.call('HSET', KEYS[1], 'fails', fails)
 end
@@ -122,14 +162,20 @@ return left
 
 
 class CooldownPolicy:
-    def __init__(self, failures=3, window_ms=60000, cooldown_ms=60000):
+    def __init__(self, failures=3, window_ms=60000, cooldown_ms=60000, probe_ms=2000):
         self.failures = failures
         self.window_ms = window_ms
         self.cooldown_ms = cooldown_ms
+        self.probe_ms = probe_ms
 
     @classmethod
     def from_config(cls, config):
-        return cls(config.cooldown_failures, config.cooldown_window_ms, config.cooldown_ms)
+        return cls(
+            config.cooldown_failures,
+            config.cooldown_window_ms,
+            config.cooldown_ms,
+            config.cooldown_probe_ms,
+        )
 
 
 class MemoryCooldowns:
@@ -138,7 +184,9 @@ class MemoryCooldowns:
     def __init__(self, policy, clock=time.monotonic):
         self.policy = policy
         self._clock = clock
-        self._state = {}  # entry -> {'until', 'fails', 'since'} in ms
+        # entry -> {'until', 'fails', 'since', 'probe_next'} in ms, and 'probe': (call id, its
+        # start, its deadline) of the probe out
+        self._state = {}
         self._flying = {}  # entry -> {call id: its deadline in ms}
         self._lock = threading.Lock()
 
@@ -147,21 +195,34 @@ class MemoryCooldowns:
 
     def acquire(self, entry, call_id, ttl_ms):
         """(go, wait_s): may call ``call_id`` go to ``entry`` now (then it counts in flight
-        for at most ``ttl_ms``), and how long a skipped call should wait."""
+        for at most ``ttl_ms``; during a cooldown it is the probe), and how long a skipped call
+        should wait."""
         with self._lock:
             now, state = self._now(), self._state.setdefault(entry, {})
-            if state.get('until', 0) > now:
-                return False, (state['until'] - now) / 1000.0
             flying = self._flying.setdefault(entry, {})
-            for stale in [c for c, deadline in flying.items() if deadline <= now]:
-                del flying[stale]
-            fails = state.get('fails', 0)
-            if fails and now - state['since'] >= self.policy.window_ms:
-                state['fails'] = fails = 0
-            if fails and fails + len(flying) >= self.policy.failures:
-                return False, PROBE_WAIT_MS / 1000.0
+            if state.get('until', 0) > now:
+                wait_ms = self._probe_wait(state, now)
+                if wait_ms:
+                    return False, wait_ms / 1000.0
+                state['probe'] = (call_id, now, now + ttl_ms)
+            else:
+                for stale in [c for c, deadline in flying.items() if deadline <= now]:
+                    del flying[stale]
+                fails = state.get('fails', 0)
+                if fails and now - state['since'] >= self.policy.window_ms:
+                    state['fails'] = fails = 0
+                if fails and fails + len(flying) >= self.policy.failures:
+                    return False, PROBE_WAIT_MS / 1000.0
             flying[call_id] = now + ttl_ms
             return True, 0.0
+
+    def _probe_wait(self, state, now):
+        """How long a call to a cooling entry waits (ms), or 0: it goes as the probe."""
+        left = state['until'] - now
+        prober, started, deadline = state.get('probe') or (None, now, 0)
+        if prober is not None and deadline > now:  # out: wait about as long as it has been
+            return min(left, self.policy.probe_ms, max(PROBE_OUT_MIN_WAIT_MS, now - started))
+        return max(0, min(left, state.get('probe_next', state['until']) - now))
 
     def report(self, entry, call_id, outcome, retry_after_s=None):
         """Call ``call_id`` to ``entry`` ended (``outcome``: ANSWERED, FAILED or NO_CALL);
@@ -169,21 +230,32 @@ class MemoryCooldowns:
         with self._lock:
             now, state = self._now(), self._state.setdefault(entry, {})
             self._flying.setdefault(entry, {}).pop(call_id, None)
+            probed = (state.get('probe') or (None,))[0] == call_id
+            if probed:
+                del state['probe']
             if outcome == NO_CALL:
                 return 0.0
             if outcome == ANSWERED:
+                if probed:  # the provider is back: the cooldown ends for every worker
+                    state.pop('until', None)
                 state['fails'] = 0
                 return 0.0
+            retry_after_ms = int((retry_after_s or 0) * 1000)
             if state.get('until', 0) > now:
+                if probed:  # it stays; the next probe after an interval (or the Retry-After)
+                    state['until'] = max(state['until'], now + retry_after_ms)
+                    state['probe_next'] = now + max(self.policy.probe_ms, retry_after_ms)
                 return (state['until'] - now) / 1000.0
             if not state.get('fails') or now - state['since'] >= self.policy.window_ms:
                 state.update(fails=1, since=now)
             else:
                 state['fails'] += 1
             cooldown = self.policy.cooldown_ms if state['fails'] >= self.policy.failures else 0
-            cooldown = max(cooldown, int((retry_after_s or 0) * 1000))
+            cooldown = max(cooldown, retry_after_ms)
             if cooldown:
-                state.update(until=now + cooldown, fails=0)
+                probe_next = now + max(self.policy.probe_ms, retry_after_ms)
+                state.update(until=now + cooldown, fails=0, probe_next=probe_next)
+                state.pop('probe', None)  # a probe of an earlier cooldown claims nothing now
             return cooldown / 1000.0
 
     def remaining(self, entries):
@@ -227,7 +299,8 @@ class RedisCooldowns:
         keys = [self.key(entry), self.flying_key(entry)]
         try:
             verdict, wait_ms = self._script('acquire')(
-                keys=keys, args=[p.failures, p.window_ms, PROBE_WAIT_MS, call_id, int(ttl_ms)]
+                keys=keys,
+                args=[p.failures, p.window_ms, PROBE_WAIT_MS, call_id, int(ttl_ms), p.probe_ms],
             )
         except Exception as exc:  # any Redis failure: the call goes (see the class)
             self._unreachable(exc)
@@ -243,6 +316,7 @@ class RedisCooldowns:
             p.failures,
             p.window_ms,
             p.cooldown_ms,
+            p.probe_ms,
         ]
         try:
             left_ms = self._script('report')(

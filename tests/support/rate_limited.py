@@ -1,6 +1,6 @@
 """The rate-limit run shared by tests/test_ratelimit_processes.py and
 benchmarks/ratelimit_rate.py: a fake provider that answers 429 beyond ``limit`` requests in any
-``window_s``, the workers' settings that hold that limit in Redis with a margin, and the
+``window_s``, the workers' settings that hold that limit in Redis, and the
 flashcard jobs they run. Usable outside pytest (the benchmark imports it)."""
 
 import json
@@ -21,10 +21,10 @@ def limit_fake(fake, limit, window_s):
     return fake
 
 
-def settings(base_url, limit, window_s, margin_ms):
+def settings(base_url, limit, window_s):
     """The workers' environment (raw strings, the backend's URLs and prefix aside): fast
     intervals, the fake as the platform provider, its model limited to ``limit`` requests per
-    ``window_s`` with ``margin_ms`` (AIJOB_RATE_LIMIT_MARGIN_MS), no per-user caps."""
+    ``window_s``, no per-user caps."""
     # The outbox claims keep their default TTL: a wake-up stays its own process's to push.
     fast = {k: v for k, v in FAST_SETTINGS.items() if k != 'AIJOB_OUTBOX_LOCK_TTL_MS'}
     return dict(
@@ -34,7 +34,6 @@ def settings(base_url, limit, window_s, margin_ms):
         AIJOB_PLATFORM_API_KEY='sk-platform-ratelimit-7f3a',
         AIJOB_RATE_LIMITS=json.dumps({'openai/fake-model': {'rpm': limit}}),
         AIJOB_RATE_LIMIT_WINDOW_MS=str(int(window_s * 1000)),
-        AIJOB_RATE_LIMIT_MARGIN_MS=str(margin_ms),
         AIJOB_INTERACTIVE_CONCURRENCY='4',
         AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',
         AIJOB_DAILY_JOB_QUOTA='0',
