@@ -30,7 +30,7 @@ from engine.execution.openai_client import (
     prompt_token_bound,
 )
 from engine.execution.providers import ProviderCall, Usage
-from engine.execution.usage import record_usage
+from engine.execution.usage import Price, record_usage
 from engine.gateway.budgets import IN_FLIGHT_WAIT_MAX_S, BudgetGuard, period_reset
 from engine.jobtypes.flashcards import flashcard_definition
 from tests.support import budget_cases
@@ -487,6 +487,16 @@ def test_the_maximum_cost_is_the_rendered_prompts_bound_at_the_price_tables_pric
     assert bound > 400 > 4 * estimate_tokens(prompts.render(request)) - 400
     expected = (Decimal(bound) * 1 + 50 * 2) / 1000
     assert guard_of(budget_rt).max_cost_micros(call) == int(expected * 10**6)
+
+
+def test_a_route_entrys_price_and_the_price_tables_give_the_same_maximum(budget_rt):
+    """One formula (usage.max_call_cost) whichever price applies: the entry's, else the table's."""
+    table_priced = a_call(running_job(budget_rt))
+    entry_priced = replace(
+        table_priced, model='unpriced', price=Price(Decimal(1), Decimal(2), 1000)
+    )
+    guard = guard_of(budget_rt)
+    assert guard.max_cost_micros(entry_priced) == guard.max_cost_micros(table_priced) > 0
 
 
 # ---------------------------------------------------------------- exact under concurrency

@@ -9,7 +9,8 @@ import time
 from engine.core.lifecycle import TERMINAL, Fence
 from engine.core.models import AiJob
 from engine.dispatch.workers import Supervisor
-from engine.execution.engine import Attempt, ExecutionEngine
+from engine.execution.attempt import Attempt
+from engine.execution.engine import ExecutionEngine
 from tests.support.api import run_to_running
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal

@@ -95,7 +95,7 @@ def test_a_refused_or_failing_result_in_a_batch_goes_on_as_it_would_alone(make_e
     engine_rt.ai.projectors.add(projector)
     ids = [create_job(engine_rt).id for _ in range(4)]
     engine = ExecutionEngine(engine_rt, 'worker-batch')
-    original = engine._call
+    original = engine.calls.call
 
     def call_then_cancel_the_third(a, resolved, call_no):
         result = original(a, resolved, call_no)
@@ -103,7 +103,7 @@ def test_a_refused_or_failing_result_in_a_batch_goes_on_as_it_would_alone(make_e
             engine_rt.lifecycle.request_cancel(ids[2])  # after the call, before the commit
         return result
 
-    engine._call = call_then_cancel_the_third
+    engine.calls.call = call_then_cancel_the_third
     statuses = engine.execute_batch(ids)
     assert statuses == {
         ids[0]: 'succeeded',
@@ -146,7 +146,7 @@ def test_a_batch_member_whose_lock_was_taken_writes_nothing_and_the_others_commi
     dropped and its cost kept; the rest of the group stands."""
     ids = [create_job(engine_rt).id for _ in range(3)]
     engine = ExecutionEngine(engine_rt, 'worker-zombie')
-    original = engine._call
+    original = engine.calls.call
 
     def call_then_lose_the_second(a, resolved, call_no):
         result = original(a, resolved, call_no)
@@ -158,7 +158,7 @@ def test_a_batch_member_whose_lock_was_taken_writes_nothing_and_the_others_commi
             ).where(AiJob.id == ids[1]).execute()
         return result
 
-    engine._call = call_then_lose_the_second
+    engine.calls.call = call_then_lose_the_second
     statuses = engine.execute_batch(ids)
     assert statuses == {ids[0]: 'succeeded', ids[1]: None, ids[2]: 'succeeded'}
     lost = AiJob.get_by_id(ids[1])

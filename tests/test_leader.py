@@ -16,7 +16,8 @@ from engine.dispatch.housekeeping import Reaper
 from engine.dispatch.leader import Leadership
 from engine.dispatch.redis_queue import RedisQueue
 from engine.dispatch.workers import Supervisor
-from engine.execution.engine import Attempt, ExecutionEngine
+from engine.execution.attempt import Attempt
+from engine.execution.engine import ExecutionEngine
 from tests.support.api import run_to_running
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS

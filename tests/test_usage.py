@@ -9,7 +9,10 @@ import pytest
 
 from engine.execution.providers import Usage
 from engine.execution.usage import (
+    Price,
     PriceTableCostCalculator,
+    call_cost,
+    max_call_cost,
     parse_price_table,
     record_usage,
     usage_totals,
@@ -40,6 +43,29 @@ def test_an_unlisted_model_uses_the_fallback_or_costs_nothing():
         'x', 'other', Usage(1000, 0)
     ) == Decimal('0.001000')
     assert PriceTableCostCalculator.from_table(None).cost('x', 'other', Usage(1000, 1000)) == 0
+
+
+def test_a_calls_cost_and_its_maximum_are_one_formula():
+    price = Price(Decimal('0.27'), Decimal('1.10'), cached_prompt=Decimal('0.07'))
+    assert call_cost(price, Usage(1000, 200)) == Decimal('0.000490')
+    assert max_call_cost(price, 1000, 200) == Decimal('0.000490')
+    assert call_cost(None, Usage(10**6, 10**6)) == max_call_cost(None, 10**6, 10**6) == 0
+
+
+def test_a_cached_prompt_and_a_batch_lower_a_calls_cost_never_its_maximum():
+    price = Price(Decimal('1'), Decimal('2'), 1000, Decimal('0.5'), Decimal('0.4'))
+    # 40 prompt tokens at 1, 60 served from the prompt cache at 0.5, 10 completion tokens at 2
+    assert call_cost(price, Usage(100, 10, cached_prompt_tokens=60)) == Decimal('0.090000')
+    assert call_cost(price, Usage(100, 10, batch=True)) == Decimal('0.048000')  # 0.12 x 0.4
+    assert max_call_cost(price, 100, 10) == Decimal('0.12')
+
+
+def test_a_calls_cost_is_rounded_to_the_stored_places_its_maximum_is_not():
+    """What budgets reserve rounds up from the exact maximum: a call too cheap to show in the
+    usage row still holds a millionth."""
+    price = Price(Decimal('1'), Decimal('1'), per=10**9)
+    assert call_cost(price, Usage(400, 0)) == Decimal('0.000000')
+    assert max_call_cost(price, 400, 0) == Decimal('0.0000004')
 
 
 @pytest.mark.parametrize(

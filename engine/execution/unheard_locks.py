@@ -11,7 +11,7 @@ This book remembers which ids a lost lock may have taken, and hands them to the 
 the same ids to adopt: that lock also returns them if the store says this worker holds them.
 An id is adopted only when no thread of this worker holds it or is locking it, so a duplicate
 message never makes two threads run one job. The engine calls every method under its own lock
-on held attempts (``ExecutionEngine._held_lock``).
+on held attempts (``ExecutionEngine._held_lock``, engine.py).
 """
 
 from collections import Counter

@@ -7,6 +7,10 @@ per ``per`` tokens (default one million), e.g.
 ``{"deepseek-chat": {"prompt": "0.27", "completion": "1.10", "per": 1000000}}``. The models of
 ``AIJOB_PROVIDERS`` carry their own prices, per provider and model (the gateway hands them in);
 those win over the table.
+
+A call's cost is computed here only: ``call_cost`` (a price and the call's token counts) for the
+usage row, the metrics and the budgets' settlement, ``max_call_cost`` (a price, the prompt's token
+bound and max_tokens) for what budgets reserve before the call.
 """
 
 from dataclasses import dataclass
@@ -39,18 +43,37 @@ class Price:
     cached_prompt: Optional[Decimal] = None
     batch: Optional[Decimal] = None
 
-    def cost(self, usage):
-        """The Decimal cost of ``usage`` (providers.Usage), rounded to the stored places."""
-        cached = min(getattr(usage, 'cached_prompt_tokens', 0) or 0, usage.prompt_tokens)
-        cached_price = self.prompt if self.cached_prompt is None else self.cached_prompt
-        total = (
-            self.prompt * (usage.prompt_tokens - cached)
-            + cached_price * cached
-            + self.completion * usage.completion_tokens
-        ) / self.per
-        if getattr(usage, 'batch', False):
-            total *= DEFAULT_BATCH_FACTOR if self.batch is None else self.batch
-        return total.quantize(COST_PLACES)
+
+# ---------------------------------------------------------------- a call's cost, computed here only
+def call_cost(price, usage):
+    """The Decimal cost of a provider call that used ``usage`` (providers.Usage) at ``price`` (a
+    Price; None: nothing prices the call, it costs 0), rounded to the stored places. The usage
+    row, the metrics, a provider batch's lines and budgets' settlements all take it from here."""
+    if price is None:
+        return Decimal('0')
+    cached = min(getattr(usage, 'cached_prompt_tokens', 0) or 0, usage.prompt_tokens)
+    total = _cost(price, usage.prompt_tokens - cached, cached, usage.completion_tokens)
+    if getattr(usage, 'batch', False):
+        total *= DEFAULT_BATCH_FACTOR if price.batch is None else price.batch
+    return total.quantize(COST_PLACES)
+
+
+def max_call_cost(price, prompt_token_bound, max_tokens):
+    """The most a call can cost at ``price`` (None: 0): ``prompt_token_bound`` prompt tokens, none
+    of them from the provider's prompt cache, and ``max_tokens`` completion tokens at the online
+    price. Not rounded: budgets round it up, so a reservation never under-counts."""
+    if price is None:
+        return Decimal('0')
+    return _cost(price, prompt_token_bound, 0, max_tokens)
+
+
+def _cost(price, prompt_tokens, cached_prompt_tokens, completion_tokens):
+    cached_price = price.prompt if price.cached_prompt is None else price.cached_prompt
+    return (
+        price.prompt * prompt_tokens
+        + cached_price * cached_prompt_tokens
+        + price.completion * completion_tokens
+    ) / price.per
 
 
 def parse_price_table(raw):
@@ -123,10 +146,7 @@ class PriceTableCostCalculator:
 
     def cost(self, provider_key, model, usage):
         """Decimal cost of one call; a call nothing prices costs 0."""
-        price = self.price(provider_key, model)
-        if price is None:
-            return Decimal('0')
-        return price.cost(usage)
+        return call_cost(self.price(provider_key, model), usage)
 
 
 # ---------------------------------------------------------------- usage rows and totals

@@ -3,16 +3,17 @@ month or in total, each with an amount in the units of ``ai_usage_log.cost`` and
 when it is spent (``fail`` the job, or ``wait`` until the period resets).
 
 Exact under any concurrency: before each provider call the BudgetGuard *reserves* the call's
-maximum cost (the prompt's token bound x prompt price + max_tokens x completion price; the bound
-is openai_client.prompt_token_bound, no tokenizer counts more, and the call sends that
-max_tokens) in one transaction that locks the budget rows that apply (``SELECT … FOR UPDATE``
-on MariaDB; SQLite serialises writers at BEGIN IMMEDIATE), checks ``spent + reserved + max <=
-amount`` for each and counts the reservation; the transaction that writes the call's usage row
-settles it (the reservation goes, the real cost is added to ``spent``). A call that does not
-fit only because of the reservations of calls in flight waits for them (the job is deferred for
-a short while, IN_FLIGHT_WAIT_S and doubling); only ``spent + max > amount`` refuses it. Spend
-is kept per (budget, period) in ``ai_budget_spend`` in millionths, so a check reads a few rows,
-whatever the history. A call is counted in the period it was reserved in.
+maximum cost (the prompt's token bound x prompt price + max_tokens x completion price,
+usage.max_call_cost; the bound is openai_client.prompt_token_bound, no tokenizer counts more,
+and the call sends that max_tokens) in one transaction that locks the budget rows that apply
+(``SELECT … FOR UPDATE`` on MariaDB; SQLite serialises writers at BEGIN IMMEDIATE), checks
+``spent + reserved + max <= amount`` for each and counts the reservation; the transaction that
+writes the call's usage row settles it (the reservation goes, the real cost is added to
+``spent``). A call that does not fit only because of the reservations of calls in flight waits
+for them (the job is deferred for a short while, IN_FLIGHT_WAIT_S and doubling); only ``spent +
+max > amount`` refuses it. Spend is kept per (budget, period) in ``ai_budget_spend`` in
+millionths, so a check reads a few rows, whatever the history. A call is counted in the period
+it was reserved in.
 
 A reservation whose worker died before settling is released by the reaper (``release_leaked``)
 once its job's lock is gone: the job finished, moved on to another attempt, or its lock expired
@@ -38,7 +39,8 @@ from ..core.errors import BudgetExceededError, BudgetExceededFailure, JobDeferre
 from ..core.models import AiBudget, AiBudgetSpend, new_id
 from ..core.sql import placeholders, statement
 from ..execution.openai_client import prompt_token_bound_of
-from ..execution.providers import CallGuard, Usage
+from ..execution.providers import CallGuard
+from ..execution.usage import max_call_cost
 from .batches.items import OPEN_STATES as OPEN_ITEM_STATES
 from .batches.items import PARKED
 
@@ -597,11 +599,9 @@ class BudgetGuard(CallGuard):
             prompt_tokens = call.prompt_tokens
         completion_tokens = call.max_tokens or self.max_tokens
         price = call.price
-        if price is None:
-            usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-            return to_micros(self.pricing.cost(call.provider_key, call.model, usage))
-        total = price.prompt * prompt_tokens + price.completion * completion_tokens
-        return to_micros(Decimal(total) / price.per)
+        if price is None:  # a call no route entry priced: the price table's, if any
+            price = self.pricing.price(call.provider_key, call.model)
+        return to_micros(max_call_cost(price, prompt_tokens, completion_tokens))
 
     def _refusal(self, exceeded):
         first = exceeded.budgets[0]

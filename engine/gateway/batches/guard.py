@@ -22,7 +22,7 @@ import contextlib
 
 from ...core.errors import JobDeferred, ProviderError
 from ...core.registry import BATCH_QUEUE
-from ...execution.engine import LOCK_LOST
+from ...execution.attempt import LOCK_LOST
 from ...execution.openai_client import OpenAICompatibleProvider, parse_completion, status_failure
 from ...execution.providers import CallGuard, Usage
 from ..providers_config import Entry
