@@ -1,7 +1,8 @@
 """Wiring: one place that builds the engine's parts from a Config, for the CLI, the WSGI app and
-the tests alike. It sits above core, execution, dispatch and the job types, and below http."""
+the tests alike: the kernel first, then each installed extension (engine/extensions.py) in
+order. It sits above core, execution, dispatch, the job types and the extensions, and below
+http."""
 
-import functools
 import logging
 import os
 import socket
@@ -9,13 +10,14 @@ import socket
 from .core import master_key
 from .core.admission import Admission
 from .core.errors import ConfigError, QueueUnavailableError
+from .core.extension import Hooks, Kernel
 from .core.history import JobHistory
 from .core.lifecycle import AiJobLifecycleRepository
 from .core.logs import configure as configure_logging
 from .core.logs import log_event
 from .core.outbox import OutboxRepository
 from .core.registry import JobDefinitionRegistry
-from .core.service import AiJobService
+from .core.service import AiJobService, PushNow
 from .core.store import Store
 from .core.webhook_urls import UrlPolicy
 from .core.webhooks import WebhookRepository
@@ -30,12 +32,7 @@ from .execution.deltas import DeltaPump
 from .execution.plugins import PluginApp, load_plugin
 from .execution.services import build_ai_services
 from .execution.webhook_signing import WebhookSigner
-from .gateway import cache as response_cache
-from .gateway.batches.runner import install_batches
-from .gateway.budgets import install_budgets
-from .gateway.ratelimits import install_rate_limits
-from .gateway.wiring import entry_limits
-from .gateway.wiring import install as install_gateway
+from .extensions import INSTALLED
 
 # The job types every process has; they register through the same entry point as users' own.
 BUILTIN_JOB_TYPES = ('engine.jobtypes.synthetic', 'engine.jobtypes.flashcards')
@@ -72,31 +69,54 @@ class Runtime:
     def __init__(self, config, role='cli', registry=None):
         self.config = config
         self.instance_id = instance_id(role)
+        # The extensions' hook points (engine/core/extension.py): the kernel's parts are built
+        # with them and read them; the extensions fill them below, in their order.
+        self.hooks = Hooks()
         self.store = Store(config.database_url, pool_size=config.db_pool_size)
-        self.ai = build_ai_services(config, self.store)
+        self.ai = build_ai_services(config, self.store, guards=self.hooks.call_guards)
         self.plugins = load_job_types(config, JobDefinitionRegistry(), self.ai)
         self.registry = registry or self.plugins.registry
         self.outbox = OutboxRepository(self.store, lock_ttl_ms=config.outbox_lock_ttl_ms)
         self.lifecycle = AiJobLifecycleRepository(
             self.store, lock_ttl_ms=config.lock_ttl_ms, outbox=self.outbox
         )
+        self.queue = open_queue(config)
+        # Push (architecture decision 15): endpoints and deliveries, their URL rule and
+        # signatures; the loops run where the workers do.
+        self.webhooks = WebhookRepository(self.store)
+        self.webhook_policy = UrlPolicy(config.webhook_allow_http, config.webhook_allow_private)
+        self.webhook_signer = WebhookSigner(config.credential_master_key)
+        # Whether this process pushes the jobs it creates at once (architecture decision 6):
+        # any process that reaches the shared queue; with the in-memory queue only a process
+        # running workers (attach_worker turns it on).
+        self.pushes_now = PushNow(self.dispatch_now_pushes, on=config.uses_redis)
         self.service = AiJobService(
             self.store,
             self.registry,
             self.lifecycle,
             self.outbox,
             instance_id=self.instance_id,
+            dispatch_now=self.pushes_now,
+            # Per-user limits and platform availability, checked before a job is written (§7.3).
+            admission=Admission.from_config(config, self.store, self.ai),
+            cancel_signal=self._signal_cancel,
+            create_checks=self.hooks.create_checks,
+            webhooks=self.webhooks,
+            webhook_policy=self.webhook_policy,
             snapshot_ttl_ms=config.snapshot_ttl_ms,
         )
-        # Per-user limits and platform availability, checked before a job is written (§7.3).
-        self.service.admission = Admission.from_config(config, self.store, self.ai)
-        self.queue = open_queue(config)
-        # The gateway (docs/architecture.md, decision 17): routes, fallback and the guards,
-        # their shared state in the queue's Redis when there is one.
-        # One lazy handle on the queue's Redis client for every part of the gateway that keeps
-        # shared state there (None on the embedded default: state in the process).
-        gateway_redis = _LazyRedis(self.queue) if config.uses_redis else None
-        install_gateway(self.ai, config, self.store, gateway_redis)
+        # The features, in the order of engine/extensions.py; each handle by its name (None:
+        # the configuration leaves it off). Their shared state lives in the queue's Redis
+        # when there is one: one lazy handle on its client (None on the embedded default).
+        kernel = Kernel(
+            config=config,
+            store=self.store,
+            ai=self.ai,
+            registry=self.registry,
+            outbox=self.outbox,
+            redis=_LazyRedis(self.queue) if config.uses_redis else None,
+        )
+        self.features = install_extensions(kernel, self.hooks, INSTALLED)
         self.ai.gateway.check_definitions(self.registry.get_all())
         # The live text of running provider calls: the worker's pump writes it to the channel,
         # the web tier's job streams read it (architecture decision 15).
@@ -116,56 +136,17 @@ class Runtime:
             self.queue,
             reap_after_ms=config.reap_after_ms,
             repush_after_ms=config.reconcile_after_ms,
+            steps=self.hooks.reaper_steps,
         )
         self.reconciler = Reconciler(self.lifecycle, self.queue, after_ms=config.reconcile_after_ms)
-        self.service.cancel_signal = self._signal_cancel
-        # Budgets in money (engine/gateway/budgets.py): the guard around every provider call,
-        # the create-time refusal, and the reaper's release of a dead worker's reservations.
-        self.budgets = install_budgets(self.ai, config, self.store, None)
-        self.service.budget_check = self.budgets.check_creatable
-        # Provider batches (engine/gateway/batches/): the guard that parks an opted-in job's
-        # call after the budgets (a parked call keeps its reservation) and before the rate
-        # limits (a batch takes no online slot); its step runs on the housekeeping leader.
-        self.batches = install_batches(
-            self.ai, config, self.store, self.outbox, self.registry, self.budgets
-        )
-        # Steps the housekeeping leader runs besides its own: (name, interval_s, step), each
-        # step called with leading(), which says whether this process still holds the lease.
-        self.leader_steps = []
-        if self.batches is not None:
-            self.leader_steps.append(
-                ('batches', config.batch_interval_ms / 1000.0, self.batches.step)
-            )
-        # Provider rate limits (AIJOB_RATE_LIMITS and the provider file's), after the budgets:
-        # a call refused by a budget books no rate-limit slot. In Redis when the queue is there.
-        install_rate_limits(
-            self.ai,
-            config,
-            self.store,
-            gateway_redis,
-            limits=entry_limits(self.ai.gateway),
-        )
-        self.reaper.release_leaked = functools.partial(
-            self.budgets.release_leaked, config.reap_after_ms
-        )
-        # Push (architecture decision 15): endpoints and deliveries, their URL rule and
-        # signatures; the loops run where the workers do.
-        self.webhooks = WebhookRepository(self.store)
-        self.webhook_policy = UrlPolicy(config.webhook_allow_http, config.webhook_allow_private)
-        self.webhook_signer = WebhookSigner(config.credential_master_key)
         self.purger = Purger(
             self.service,
             self.outbox,
             JobHistory(self.store),
             self.webhooks,
             Retention.from_config(config),
+            more=self.hooks.purge_steps,
         )
-        self.service.webhooks = self.webhooks
-        self.service.webhook_policy = self.webhook_policy
-        # The response cache (issue 21): its guard when a definition opts in; its expired
-        # entries purged in any case (a definition may have opted out since they were written).
-        response_cache.install_cache(self.ai, self.registry, self.store)
-        self.purger.more['cache_entries'] = response_cache.purge_expired
         self.webhook_fanout = WebhookFanout(
             self.outbox, self.webhooks, self.store, self.instance_id
         )
@@ -177,12 +158,22 @@ class Runtime:
             self.store.connection,
             config,
         )
-        if config.uses_redis:
-            # Any process that can reach the shared queue pushes its own new jobs at once
-            # (architecture decision 6); with the in-memory queue only a process running
-            # workers can.
-            self.service.dispatch_now = self._dispatch_now
         self.worker = None
+
+    @property
+    def budgets(self):
+        """The budgets ledger (engine/gateway/budgets.py), None when not installed."""
+        return self.features.get('budgets')
+
+    @property
+    def batches(self):
+        """The provider batches' runner, None when off (nothing opts in)."""
+        return self.features.get('batches')
+
+    @property
+    def leader_steps(self):
+        """Steps the housekeeping leader runs besides its own: (name, interval_s, step)."""
+        return self.hooks.leader_steps
 
     def create_schema(self):
         """Every table: the engine's, then the job-type plugins' own."""
@@ -192,7 +183,7 @@ class Runtime:
         """This process's Worker (dispatcher, pools, supervisor, housekeeping), not yet started;
         from now on this process also pushes the jobs it creates at once."""
         self.worker = Worker(self, with_maintenance=with_maintenance)
-        self.service.dispatch_now = self._dispatch_now
+        self.pushes_now.on = True
         return self.worker
 
     def start_background(self, with_maintenance=True):
@@ -206,7 +197,7 @@ class Runtime:
             self.worker.stop(grace)
             self.worker = None
 
-    def _dispatch_now(self, events):
+    def dispatch_now_pushes(self, events):
         """Push events claimed in a create transaction. A failure here is not the client's:
         the claims expire and the dispatcher's polling publishes them."""
         try:
@@ -233,6 +224,14 @@ class Runtime:
         self.text_channel.close()
         self.queue.close()
         self.store.close()
+
+
+def install_extensions(kernel, hooks, extensions):
+    """Install ``extensions`` in order; returns their handles by name."""
+    features = {}
+    for extension in extensions:
+        features[extension.name] = extension.install(kernel, hooks, dict(features))
+    return features
 
 
 class _LazyRedis:

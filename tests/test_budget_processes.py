@@ -48,7 +48,7 @@ def shared(make_runtime, backend, fake):
     rt.env = backend.env(**settings)
     # The test creates every job whatever the budgets say: the refusal at create is
     # tests/test_budgets.py's; here the calls are what is counted.
-    rt.service.budget_check = None
+    rt.service.create_checks = ()
     with rt.store.connection():
         yield rt
 

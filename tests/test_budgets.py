@@ -598,7 +598,7 @@ def test_jobs_through_the_engine_spend_at_most_their_budget(ai_budget_rt, fake):
     rt.budgets.put('user', 'user-a', 'day', 3 * max_cost, 'fail')
     # Every create goes in, whatever the calls already reserved: the calls are what is counted
     # here (the refusal at create is tested above).
-    rt.service.budget_check = None
+    rt.service.create_checks = ()
     jobs = [
         create_job(rt, job_type='flashcard_generation', user_id='user-a', input=CARD_INPUT)
         for _ in range(6)
@@ -628,7 +628,7 @@ def fifty_rt(make_runtime, fake):
         **FAST_SETTINGS,
     )
     # Every create goes in: the calls are what is counted here.
-    rt.service.budget_check = None
+    rt.service.create_checks = ()
     with rt.store.connection():
         rt.start_background()
         yield rt

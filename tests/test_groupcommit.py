@@ -10,6 +10,7 @@ import pytest
 from engine.core.groupcommit import GroupCommit
 from engine.core.history import NewEvent, insert_events
 from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiJobEvent, OutboxEvent
+from engine.core.service import PushNow
 from engine.execution.engine import ExecutionEngine
 from tests.support.helpers import create_job
 from tests.support.runtimes import fast_registry
@@ -247,7 +248,7 @@ def test_creates_of_several_threads_push_each_claimed_event_once(runtime):
     each group's claimed events go to the queue in one push: every job is queued exactly once,
     and what each create returns (the job's creation time, its event's id) is its own row's."""
     pushed = []
-    runtime.service.dispatch_now = pushed.extend
+    runtime.service.dispatch_now = PushNow(pushed.extend)
     jobs, errors = [], []
 
     def thread(n):

@@ -15,7 +15,8 @@ ALLOWED = {
     'dispatch': {'core', 'execution'},
     'jobtypes': {'core', 'execution'},
     'gateway': {'core', 'execution'},
-    'runtime': {'core', 'execution', 'dispatch', 'gateway'},
+    'extensions': {'core', 'execution', 'dispatch', 'gateway'},
+    'runtime': {'core', 'execution', 'dispatch', 'gateway', 'extensions'},
     'bench': {'core', 'execution', 'dispatch', 'runtime', 'gateway'},
     'http': {'core', 'execution', 'dispatch', 'runtime', 'gateway'},
 }

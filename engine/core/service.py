@@ -84,6 +84,19 @@ class CreateResult(NamedTuple):
     created: bool  # False: an idempotent replay returned the existing job
 
 
+class PushNow:
+    """A service's ``dispatch_now``: pushes the events a create claimed, while ``on``; while off
+    the service claims none and the dispatcher's polling publishes them. Its owner (the
+    runtime) turns it on when the process starts running workers."""
+
+    def __init__(self, push, on=True):
+        self.push = push
+        self.on = on
+
+    def __call__(self, events):
+        self.push(events)
+
+
 class AiJobService:
     def __init__(
         self,
@@ -96,6 +109,9 @@ class AiJobService:
         dispatch_now=None,
         admission=None,
         cancel_signal=None,
+        create_checks=(),
+        webhooks=None,
+        webhook_policy=None,
         snapshot_ttl_ms=DEFAULT_SNAPSHOT_TTL_MS,
     ):
         self.store = store
@@ -125,13 +141,14 @@ class AiJobService:
         # cancel_signal(job_id): the fast path telling a running job's worker to stop (the
         # ``job:cancel:{jobId}`` key); the database flag stays the source of truth.
         self.cancel_signal = cancel_signal
-        # budget_check(user_id, job_type): refuses a create whose budget in money is spent
-        # (BudgetExceededError, 429); the gateway's, set by the runtime. None: no budgets.
-        self.budget_check = None
+        # check(user_id, job_type) for each: the extensions' refusals of a create before it is
+        # written (a spent budget in money: BudgetExceededError, 429); the hook point
+        # create_checks of engine/core/extension.py.
+        self.create_checks = create_checks
         # A job's own webhookUrl: checked by the webhook URL rule, kept as an endpoint of that
-        # job (architecture decision 15). Set by the runtime.
-        self.webhooks = None
-        self.webhook_policy = UrlPolicy()
+        # job (architecture decision 15).
+        self.webhooks = webhooks
+        self.webhook_policy = webhook_policy or UrlPolicy()
 
     def check_request(self, request):
         """Validate a creation request as create_job would, writing nothing; returns its
@@ -151,8 +168,8 @@ class AiJobService:
                 return self._replay(existing, fingerprint)
         if self.admission is not None:
             self.admission.check_creatable(request, definition)
-        if self.budget_check is not None:
-            self.budget_check(request.user_id, definition.job_type)
+        for check in self.create_checks:
+            check(request.user_id, definition.job_type)
         written = []  # the last run of the work is the one that committed
 
         def write(tx):
@@ -174,10 +191,14 @@ class AiJobService:
         metrics.job_created(job.job_type, job.queue_name)
         return CreateResult(job, True)
 
+    def _pushes_now(self):
+        """Does this process push its new jobs at once, claiming their events as it creates?"""
+        return self.dispatch_now is not None and self.dispatch_now.on
+
     def _push_created(self, outputs):
         """After a group of creates committed: the events they claimed, pushed in one call."""
         claimed = [event for _, event in outputs if event.locked_by == self.instance_id]
-        if claimed and self.dispatch_now is not None:
+        if claimed and self._pushes_now():
             self.dispatch_now(claimed)
 
     def _insert(self, tx, definition, request, overrides, fingerprint):
@@ -212,7 +233,7 @@ class AiJobService:
             SNAPSHOT_ROW,
             (job_id, content, self.store.ms_param(self.snapshot_ttl_ms)),
         )
-        claimed_by = self.instance_id if self.dispatch_now is not None else None
+        claimed_by = self.instance_id if self._pushes_now() else None
         event = self.outbox.create_in_transaction(
             tx,
             event_type=ENQUEUE_EVENT,

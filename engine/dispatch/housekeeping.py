@@ -34,20 +34,21 @@ class Reaper:
     free worker it is not pushed again until ``repush_after_ms`` has passed (the message may have
     been lost with Redis's data), as the reconciler does for queued jobs."""
 
-    def __init__(self, lifecycle, queue, reap_after_ms=90_000, repush_after_ms=60_000):
+    def __init__(self, lifecycle, queue, reap_after_ms=90_000, repush_after_ms=60_000, steps=()):
         self.lifecycle = lifecycle
         self.queue = queue
         self.reap_after_ms = reap_after_ms
         self.repush_after_s = repush_after_ms / 1000.0
         self._pushed = {}  # job id -> (attempt number, monotonic time of its hand-over push)
-        # release_leaked(): releases the budget reservations of calls whose worker died before
-        # settling them (the gateway's, handed in by the runtime); returns how many.
-        self.release_leaked = None
+        # (name, step) for each: the extensions' releases, run first in each pass (the budget
+        # reservations of calls whose worker died before settling them); step() returns how
+        # many rows it released. The hook point reaper_steps of engine/core/extension.py.
+        self.steps = steps
 
     def sweep(self):
         """One pass; returns counts of messages recovered and jobs republished, waiting (pushed
         already, not yet taken), failed, cancelled, deferred (the queue is down) or skipped; and,
-        with ``release_leaked``, the budget reservations released."""
+        what each of ``steps`` released, under its name."""
         counts = dict.fromkeys(
             ('recovered', 'republished', 'waiting', 'failed', 'cancelled', 'deferred', 'skipped'),
             0,
@@ -58,12 +59,12 @@ class Reaper:
             counts['recovered'] = self.queue.recover_orphans()
         except QueueUnavailableError:
             queue_up = False
-        if self.release_leaked is not None:
+        for name, step in self.steps:
             # Before the hand-overs: the next attempt of a dead worker's job finds the budget
             # that worker's reservation held free again.
-            counts['reservations_released'] = self.release_leaked()
-            if counts['reservations_released']:
-                log_event('reaper.reservations_released', count=counts['reservations_released'])
+            counts[name] = step()
+            if counts[name]:
+                log_event('reaper.%s' % name, count=counts[name])
         for job in self.lifecycle.find_expired_locks(self.reap_after_ms):
             outcome = self._reap(job, queue_up)
             queue_up = queue_up and outcome != 'deferred'
@@ -187,17 +188,18 @@ class Purger:
     input snapshots of finished jobs past their ``expires_at`` (contracts §8.4), outbox events
     published or dead longer than ``retention.outbox_ms`` ago, the history rows of jobs finished
     longer than ``retention.history_ms`` ago, and webhook deliveries delivered or dead longer than
-    ``retention.webhook_ms`` ago. ``more`` ({name: purge(limit) -> rows deleted}) holds the purges
-    the runtime adds from higher layers (the gateway's expired cache entries)."""
+    ``retention.webhook_ms`` ago. ``more`` ((name, purge(limit) -> rows deleted) pairs) holds the
+    extensions' purges (the response cache's expired entries): the hook point purge_steps of
+    engine/core/extension.py."""
 
-    def __init__(self, service, outbox, history, webhooks, retention, batch_size=1000):
+    def __init__(self, service, outbox, history, webhooks, retention, batch_size=1000, more=()):
         self.service = service
         self.outbox = outbox
         self.history = history
         self.webhooks = webhooks
         self.retention = retention
         self.batch_size = batch_size
-        self.more = {}
+        self.more = more
 
     def sweep(self):
         """One pass, until every table is clean; returns how many rows of each went."""
@@ -210,7 +212,7 @@ class Purger:
                 lambda: self.webhooks.purge_finished(keep.webhook_ms, size)
             ),
         }
-        for name, purge in self.more.items():
+        for name, purge in self.more:
             counts[name] = _drain(lambda purge=purge: purge(size))
         if any(counts.values()):
             log_event('housekeeping.purged', **counts)

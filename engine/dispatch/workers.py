@@ -253,12 +253,11 @@ class Worker:
     def __init__(self, runtime, with_maintenance=True):
         self.runtime = runtime
         config = runtime.config
-        self.engine = ExecutionEngine(runtime, runtime.instance_id)
         # Deferred jobs' wake-ups, pushed from this process at their time (dispatch.wake).
         self.waker = Waker(
             runtime.dispatcher, runtime.outbox, runtime.instance_id, runtime.store.connection
         )
-        self.engine.waker = self.waker
+        self.engine = ExecutionEngine(runtime, runtime.instance_id, waker=self.waker)
         self.pools = [
             WorkerPool(
                 'ai-interactive',

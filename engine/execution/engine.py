@@ -42,7 +42,7 @@ DEFERRED = 'deferred'
 
 
 class ExecutionEngine:
-    def __init__(self, runtime, instance_id):
+    def __init__(self, runtime, instance_id, waker=None):
         self.store = runtime.store
         self.registry = runtime.registry
         self.lifecycle = runtime.lifecycle
@@ -52,9 +52,9 @@ class ExecutionEngine:
         # Where a terminal UPDATE's refusal is the server's error (Store.guards_row_counts), a
         # group's writes carry its COMMIT: one round trip for the whole finish.
         self.group_commit = GroupCommit(self.store, commit_with_rows=self.store.guards_row_counts)
-        # Pushes deferred jobs' wake-ups at their time (dispatch.wake.Waker, set by the Worker);
+        # Pushes deferred jobs' wake-ups at their time (dispatch.wake.Waker, the Worker's);
         # without one the leader's dispatcher pushes them from the outbox when they are due.
-        self.waker = None
+        self.waker = waker
         self.held = {}  # job id -> Attempt, watched by the supervisor
         self._held_lock = threading.Lock()
         self.unheard_locks = UnheardLocks()  # guarded by _held_lock too

@@ -64,9 +64,10 @@ class AiServices:
                 )
 
 
-def build_ai_services(config, store):
+def build_ai_services(config, store, guards=None):
     """The OpenAI-compatible provider when ``AIJOB_PROVIDER_BASE_URL`` is set; stored user keys
-    when a master key is set. Job-type plugins add their own providers, projectors and prompts."""
+    when a master key is set. Job-type plugins add their own providers, projectors and prompts.
+    ``guards``: the list of call guards the extensions fill (the hook point call_guards)."""
     prompts = default_library()
     providers = []
     if config.provider_base_url:
@@ -93,6 +94,7 @@ def build_ai_services(config, store):
         credential_store=credential_store,
         prompts=prompts,
         platform_key_configured=bool(config.platform_api_key),
+        guards=[] if guards is None else guards,
     )
 
 

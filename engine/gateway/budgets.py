@@ -23,11 +23,13 @@ over a job whose lock expired releases the reservations of the job's earlier att
 reserves. Settling and releasing each delete the reservation row first and give back the
 reserved amount only when they deleted it, so the two never both give it back.
 
-The engine never imports this module: the runtime installs the guard (``install_budgets``) and
-hands the service its create-time check and the reaper its release."""
+The engine never imports this module: it joins the kernel as an extension
+(``BudgetsExtension``, engine/extensions.py): its guard among the call guards, its create-time
+check among the create checks, its release among the reaper's steps."""
 
 import calendar
 import datetime
+import functools
 import random
 import threading
 import time
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from decimal import ROUND_UP, Decimal
 
 from ..core.errors import BudgetExceededError, BudgetExceededFailure, JobDeferred, JobFailure
+from ..core.extension import Extension
 from ..core.models import AiBudget, AiBudgetSpend, new_id
 from ..core.sql import placeholders, statement
 from ..execution.openai_client import prompt_token_bound_of
@@ -619,9 +622,18 @@ class BudgetGuard(CallGuard):
         )
 
 
-def install_budgets(ai, config, store, redis=None):
-    """Append the BudgetGuard to ``ai.guards`` and return the Budgets ledger, which the runtime
-    hands to the service (the create-time check) and the reaper (leaked reservations)."""
-    budgets = Budgets(store)
-    ai.guards.append(BudgetGuard(budgets, ai.pricing, config.budget_max_tokens))
-    return budgets
+class BudgetsExtension(Extension):
+    """Budgets in money: the BudgetGuard around every call, the create-time refusal of a spent
+    budget, and the reaper's release of a dead worker's reservations. Its handle, the Budgets
+    ledger, is what the admin API and the batches read."""
+
+    name = 'budgets'
+
+    def install(self, kernel, hooks, features):
+        budgets = Budgets(kernel.store)
+        config = kernel.config
+        hooks.call_guards.append(BudgetGuard(budgets, kernel.ai.pricing, config.budget_max_tokens))
+        hooks.create_checks.append(budgets.check_creatable)
+        release = functools.partial(budgets.release_leaked, config.reap_after_ms)
+        hooks.reaper_steps.append(('reservations_released', release))
+        return budgets

@@ -29,6 +29,7 @@ from typing import Optional
 
 from ..core import metrics
 from ..core.errors import JobCancelledError
+from ..core.extension import Extension
 from ..core.history import CACHE_HIT, NewEvent, insert_events
 from ..core.logs import log_event
 from ..core.models import AiJob, AiResponseCache, canonical_hash
@@ -297,12 +298,17 @@ def purge_expired(limit=1000):
     )
 
 
-def install_cache(ai, registry, store):
-    """Put the CacheGuard first among ``ai.guards`` when a registered definition opts in; with
-    none, the guard list is left as it is (no cost on the call path). Returns the guard or
-    None."""
-    if not any(definition.cache is not None for definition in registry.get_all()):
-        return None
-    guard = CacheGuard(store)
-    ai.guards.insert(0, guard)
-    return guard
+class CacheExtension(Extension):
+    """The response cache: its guard first among the call guards when a registered definition
+    opts in (with none, no guard: no cost on the call path); its expired entries purged in any
+    case (a definition may have opted out since they were written)."""
+
+    name = 'cache'
+
+    def install(self, kernel, hooks, features):
+        hooks.purge_steps.append(('cache_entries', purge_expired))
+        if not any(definition.cache is not None for definition in kernel.registry.get_all()):
+            return None
+        guard = CacheGuard(kernel.store)
+        hooks.call_guards.append(guard)
+        return guard

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..core.errors import ConfigError, JobDeferred
+from ..core.extension import Extension
 from ..core.logs import log_event
 from ..execution.providers import CallGuard, EntryUnavailable
 
@@ -503,12 +504,18 @@ def parse_limits(value):
     return limits
 
 
-def install_rate_limits(ai, config, store, redis, limits=None):
-    """Append the rate-limit guard to ``ai.guards`` when any limit is configured (AIJOB_RATE_LIMITS
-    or ``limits``, the provider file's by entry); ``redis`` (a client, a function returning one,
-    or None on the embedded default) holds the shared windows. Returns the guard or None."""
-    guard = RateLimitGuard.from_config(config, redis, limits)
-    if not guard.limits:
-        return None
-    ai.guards.append(guard)
-    return guard
+class RateLimitsExtension(Extension):
+    """Provider rate limits (AIJOB_RATE_LIMITS and the provider file's), held by every worker
+    together in the queue's Redis (in the process on the embedded default): the guard last
+    among the call guards, so a call refused before books no slot. Off when no limit is set."""
+
+    name = 'rate_limits'
+
+    def install(self, kernel, hooks, features):
+        gateway = features.get('gateway')
+        limits = gateway.entry_limits() if gateway is not None else {}
+        guard = RateLimitGuard.from_config(kernel.config, kernel.redis, limits)
+        if not guard.limits:
+            return None
+        hooks.call_guards.append(guard)
+        return guard

@@ -143,6 +143,16 @@ class RoutedGateway(AiGateway):
             )
 
     # ---------------------------------------------------------------- which route
+    def entry_limits(self):
+        """{'provider/model': Limits} of the provider file's models that set ``limits`` (the
+        rate limits guard holds them)."""
+        return {
+            '%s/%s' % (spec.name, model.name): model.limits
+            for spec in self.table.providers.values()
+            for model in spec.models.values()
+            if model.limits is not None
+        }
+
     def route_entries(self, definition):
         """The entries a job of ``definition`` may use, in order, or None when it is not
         routed (its provider is a plugin's own)."""

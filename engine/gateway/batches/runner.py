@@ -3,11 +3,13 @@
 due batches, upload and create the pending ones, cancel those whose jobs were all cancelled,
 poll the due ones and write their results, and wake any job whose line has its outcome.
 
-``install_batches`` puts the BatchGuard among the call guards (after the budgets, before the
-rate limits) when a definition or a route entry opts in, and returns the runner."""
+``BatchesExtension`` puts the BatchGuard among the call guards (after the budgets, before the
+rate limits) and the runner's step among the leader's, when a definition or a route entry opts
+in."""
 
 import logging
 
+from ...core.extension import Extension
 from ...core.logs import log_event
 from . import items
 from .api import BatchApi, BatchApiError
@@ -15,7 +17,7 @@ from .batcher import BUILDING, UPLOADED, Batcher
 from .guard import BatchGuard
 from .poller import Poller
 
-__all__ = ('BatchRunner', 'install_batches')
+__all__ = ('BatchRunner', 'BatchesExtension')
 
 
 class BatchRunner:
@@ -128,12 +130,22 @@ def opted_in(registry, table):
     return any(m.batch is not None for p in table.providers.values() for m in p.models.values())
 
 
-def install_batches(ai, config, store, outbox, registry, budgets=None):
-    """Append the BatchGuard to ``ai.guards`` and return the BatchRunner, when the gateway is
-    routed (AIJOB_PROVIDERS or the shorthand) and something opts in; else None. ``budgets``:
-    the ledger a billed line of a cancelled job is spent against."""
-    table = getattr(ai.gateway, 'table', None)
-    if table is None or not opted_in(registry, table):
-        return None
-    ai.guards.append(BatchGuard(store, table))
-    return BatchRunner(store, outbox, table, ai.pricing, config, budgets)
+class BatchesExtension(Extension):
+    """Provider batches, when the gateway is routed (AIJOB_PROVIDERS or the shorthand) and a
+    definition or a route entry opts in: the BatchGuard among the call guards, the runner's
+    step on the housekeeping leader every AIJOB_BATCH_INTERVAL_MS. A billed line of a cancelled
+    job is spent against the budgets, when installed."""
+
+    name = 'batches'
+
+    def install(self, kernel, hooks, features):
+        table = getattr(kernel.ai.gateway, 'table', None)
+        if table is None or not opted_in(kernel.registry, table):
+            return None
+        config = kernel.config
+        hooks.call_guards.append(BatchGuard(kernel.store, table))
+        runner = BatchRunner(
+            kernel.store, kernel.outbox, table, kernel.ai.pricing, config, features.get('budgets')
+        )
+        hooks.leader_steps.append(('batches', config.batch_interval_ms / 1000.0, runner.step))
+        return runner

@@ -1,0 +1,57 @@
+"""The extension protocol: how a feature joins the kernel (docs/architecture.md, "Extensions").
+
+The kernel (store, lifecycle, registry, service, outbox, dispatcher, queues, workers,
+housekeeping, the execution engine, the job API) knows no feature. A feature is an
+``Extension``: its ``install`` builds the feature's parts from the kernel's and registers them
+at the named hook points of ``Hooks``. The kernel's parts are built with those hook points and
+only read them; nothing of the kernel is set from outside after it is built. The installed
+extensions are one ordered tuple, ``engine/extensions.py``: that order is the order their call
+guards run in, and the order they install in (a feature may use what one before it installed).
+"""
+
+from typing import Any, NamedTuple
+
+
+class Kernel(NamedTuple):
+    """What an extension may build on: the kernel's parts, built before any extension."""
+
+    config: Any
+    store: Any
+    ai: Any  # execution.services.AiServices: gateway, pricing, prompts, credentials
+    registry: Any  # the job definitions, plugins loaded
+    outbox: Any
+    redis: Any  # the queue's Redis client (built at first use), or None on the embedded default
+
+
+class Hooks:
+    """The named hook points. Each is a list the extensions fill while they install, in the
+    order of the installed tuple, and the kernel reads as it runs."""
+
+    def __init__(self):
+        # providers.CallGuard objects held around every provider call; the first runs first.
+        self.call_guards = []
+        # check(user_id, job_type), run before a create is written: raises a public error
+        # (BudgetExceededError, say) to refuse it, nothing written.
+        self.create_checks = []
+        # (name, step): run at the start of every reaper pass, before its hand-overs; step()
+        # returns how many rows it released (a dead worker's budget reservations, say).
+        self.reaper_steps = []
+        # (name, interval_s, step): run by the holder of the leader lease every interval_s;
+        # step(leading) may ask leading() between long parts whether the lease is still held.
+        self.leader_steps = []
+        # (name, purge): run by every purge pass until it returns 0; purge(limit) deletes at
+        # most ``limit`` rows nobody needs any more and returns how many it deleted.
+        self.purge_steps = []
+
+
+class Extension:
+    """A feature installed into a runtime. ``name`` keys its handle in ``Runtime.features``."""
+
+    name = ''
+
+    def install(self, kernel, hooks, features):
+        """Build the feature from ``kernel`` (a Kernel) and register its parts at ``hooks``;
+        ``features`` holds the handles of the extensions installed before this one, by name.
+        Returns the feature's handle (what the API or a later extension reads), or None when
+        the configuration leaves the feature off."""
+        raise NotImplementedError
