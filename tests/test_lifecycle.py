@@ -13,7 +13,7 @@ from engine.core.errors import (
     JobNotCancellableError,
     ProviderError,
 )
-from engine.core.lifecycle import ExpiredLockFence, Fence
+from engine.core.fences import ExpiredLockFence, Fence
 from engine.core.models import AiJob, AiJobEvent
 from tests.support.helpers import create_job, row, run_threads
 
