@@ -54,6 +54,9 @@ __all__ = [
 
 
 class AiJobLifecycleRepository(LockWrites, FencedWrites, FinishWrites, CancelWrites, ReaperQueries):
+    """The only writer of a job's status (contracts §1.4), made of its parts' classes; each part
+    uses the attributes set here and the helpers below."""
+
     def __init__(self, store, lock_ttl_ms=60_000, queue_attempts=None, outbox=None):
         self.store = store
         # Every terminal write adds its ai.job.<status> event in the same transaction

@@ -4,7 +4,7 @@ AiJobLifecycleRepository (core/lifecycle.py), which gives it ``store``, ``outbox
 ``_in_transaction``.
 
 Each is one fenced UPDATE; a fence that no longer holds writes nothing and raises
-JobLockConflictError.
+JobLockConflictError (a deferral after a cancel request raises JobCancelledError).
 """
 
 from . import history
