@@ -26,10 +26,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.core.config import Config  # noqa: E402
-from engine.core.lifecycle import TERMINAL  # noqa: E402
 from engine.core.models import MODELS, AiJob  # noqa: E402
 from engine.core.registry import CachePolicy, JobDefinitionRegistry  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
+from engine.core.states import TERMINAL  # noqa: E402
 from engine.jobtypes.synthetic import synthetic_definition  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 

@@ -40,9 +40,9 @@ import pymysql  # noqa: E402
 import redis  # noqa: E402
 
 from engine.core.config import Config  # noqa: E402
-from engine.core.lifecycle import TERMINAL  # noqa: E402
 from engine.core.models import MODELS, AiJob  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
+from engine.core.states import TERMINAL  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
 DATABASE_URL = 'mysql://root@127.0.0.1:3306/test_conc'

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from engine.core.config import Config  # noqa: E402
-from engine.core.lifecycle import Fence  # noqa: E402
+from engine.core.fences import Fence  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
 from engine.execution.engine import ExecutionEngine  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402

@@ -40,9 +40,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from engine.core.config import Config  # noqa: E402
-from engine.core.lifecycle import TERMINAL  # noqa: E402
 from engine.core.models import AiJob  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
+from engine.core.states import TERMINAL  # noqa: E402
 from engine.http.auth import TokenStore  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 

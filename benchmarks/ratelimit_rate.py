@@ -38,8 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pymysql  # noqa: E402
 
 from engine.core.config import Config  # noqa: E402
-from engine.core.lifecycle import TERMINAL  # noqa: E402
 from engine.core.models import AiJob, AiJobEvent  # noqa: E402
+from engine.core.states import TERMINAL  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 from tests.support.backends import delete_redis_keys, reset_tables  # noqa: E402
 from tests.support.fake_openai import FakeOpenAI  # noqa: E402

@@ -35,9 +35,9 @@ import time
 from urllib.parse import urlsplit
 
 from .core.config import Config
-from .core.lifecycle import TERMINAL
 from .core.models import AiJob
 from .core.service import CreateJobInput
+from .core.states import TERMINAL
 from .runtime import Runtime
 
 CREATORS = 4  # client threads creating jobs, as several web requests would

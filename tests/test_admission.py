@@ -8,8 +8,8 @@ import pytest
 
 from engine.core.admission import backfill
 from engine.core.errors import JobLockConflictError, ProviderError
+from engine.core.fences import ExpiredLockFence, Fence
 from engine.core.groupcommit import GroupCommit
-from engine.core.lifecycle import ExpiredLockFence, Fence
 from engine.core.models import AiJob, AiUserAdmission
 from tests.support.helpers import create_job, new_request, run_threads
 

@@ -9,9 +9,9 @@ from decimal import Decimal
 import pytest
 
 from engine.core.errors import InvalidRequestError, PlatformUnavailableError
-from engine.core.lifecycle import TERMINAL
 from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiUsageLog
 from engine.core.registry import JobDefinitionRegistry
+from engine.core.states import TERMINAL
 from engine.jobtypes.flashcards import flashcard_definition
 from engine.jobtypes.synthetic import synthetic_definition
 from tests.support.fake_openai import Reply, error_reply, json_reply

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import pytest
 
 from engine.core.history import SUCCEEDED
-from engine.core.lifecycle import TERMINAL
 from engine.core.models import (
     AiJob,
     AiJobArtifact,
@@ -25,6 +24,7 @@ from engine.core.models import (
     AiUsageLog,
     LeaderLease,
 )
+from engine.core.states import TERMINAL
 from engine.http.auth import TokenStore
 from tests.support.backends import require_servers
 from tests.support.batched_jobs import FAST_BATCHES, provider_settings

@@ -14,7 +14,6 @@ import pytest
 
 from engine.core.errors import ConfigError, InvalidDefinitionError
 from engine.core.history import BATCH_SUBMITTED, SUCCEEDED
-from engine.core.lifecycle import TERMINAL
 from engine.core.models import (
     AiBudgetReservation,
     AiBudgetSpend,
@@ -27,6 +26,7 @@ from engine.core.models import (
     OutboxEvent,
 )
 from engine.core.registry import BatchPolicy, QueuePolicy, validate_definition
+from engine.core.states import TERMINAL
 from engine.execution.engine import ExecutionEngine
 from engine.gateway import providers_config
 from engine.gateway.providers_config import Entry

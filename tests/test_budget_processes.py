@@ -13,8 +13,8 @@ from decimal import Decimal
 
 import pytest
 
-from engine.core.lifecycle import TERMINAL
 from engine.core.models import AiBudget, AiBudgetReservation, AiBudgetSpend, AiJob, AiUsageLog
+from engine.core.states import TERMINAL
 from engine.gateway.budgets import CACHE_S
 from tests.support import budget_cases
 from tests.support.backends import require_servers

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import pytest
 
 from engine.core.errors import BudgetExceededFailure, JobDeferred, JobFailure
-from engine.core.lifecycle import TERMINAL
 from engine.core.models import (
     AiBudget,
     AiBudgetReservation,
@@ -23,6 +22,7 @@ from engine.core.models import (
     AiJob,
     AiUsageLog,
 )
+from engine.core.states import TERMINAL
 from engine.execution.openai_client import (
     TEMPLATE_TOKENS_PER_MESSAGE,
     TEMPLATE_TOKENS_PER_REQUEST,

@@ -14,9 +14,9 @@ import pytest
 
 from engine.core.errors import InvalidDefinitionError, InvalidRequestError
 from engine.core.history import JobHistory
-from engine.core.lifecycle import TERMINAL
 from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiResponseCache, AiUsageLog
 from engine.core.registry import CachePolicy, JobDefinitionRegistry, validate_definition
+from engine.core.states import TERMINAL
 from engine.execution.engine import ExecutionEngine
 from engine.execution.providers import Credential, ProviderCall, ProviderRequest, Usage
 from engine.gateway import cache as cache_module

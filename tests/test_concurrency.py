@@ -6,8 +6,9 @@ connections; the batched heartbeat keeps every lock and keeps the fence per job.
 import contextlib
 import time
 
-from engine.core.lifecycle import TERMINAL, Fence
+from engine.core.fences import Fence
 from engine.core.models import AiJob
+from engine.core.states import TERMINAL
 from engine.dispatch.workers import Supervisor
 from engine.execution.attempt import Attempt
 from engine.execution.engine import ExecutionEngine

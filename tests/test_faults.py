@@ -18,8 +18,8 @@ import pymysql
 import pytest
 
 from engine.core.config import Config
-from engine.core.lifecycle import TERMINAL
 from engine.core.models import AiJob, AiJobArtifact, AiUsageLog
+from engine.core.states import TERMINAL
 from engine.http.auth import TokenStore
 from engine.runtime import Runtime
 from tests.support.backends import MYSQL_URL, REDIS_URL, require_servers

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from engine.core.errors import InternalJobError, JobLockConflictError
+from engine.core.fences import ExpiredLockFence, Fence
 from engine.core.history import JobEvent, JobHistory
-from engine.core.lifecycle import ExpiredLockFence, Fence
 from engine.core.models import AiJob, AiJobEvent
 from tests.support.helpers import create_job, new_request, wait_until
 from tests.support.runtimes import run_job, wait_terminal

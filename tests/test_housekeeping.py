@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from engine.core.errors import JobNotRetryableError, ProviderError
+from engine.core.fences import Fence
 from engine.core.history import JobHistory
-from engine.core.lifecycle import Fence
 from engine.core.models import (
     AiJob,
     AiJobEvent,

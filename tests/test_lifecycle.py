@@ -1,6 +1,9 @@
 """AiJobLifecycleRepository: the state machine of contracts §1 as compare-and-set writes."""
 
+import ast
 import itertools
+import pathlib
+import re
 import time
 
 import pytest
@@ -13,7 +16,7 @@ from engine.core.errors import (
     JobNotCancellableError,
     ProviderError,
 )
-from engine.core.lifecycle import ExpiredLockFence, Fence
+from engine.core.fences import ExpiredLockFence, Fence
 from engine.core.models import AiJob, AiJobEvent
 from tests.support.helpers import create_job, row, run_threads
 
@@ -286,3 +289,50 @@ def test_lock_jobs_racing_workers_lock_each_job_once(runtime):
     assert sorted(everything) == sorted(ids)
     for i, locked in enumerate(results):
         assert all(runtime.lifecycle.get(job_id).locked_by == 'w%d' % i for job_id in locked)
+
+
+# ---------------------------------------------------------------- the only writer (contracts §1.4)
+ENGINE = pathlib.Path(__file__).resolve().parent.parent / 'engine'
+# A SQL text that sets the column: ``lifecycle_status =`` before any WHERE (a read compares it after
+# one), in anything but a SELECT.
+SETS_STATUS = re.compile(r'\blifecycle_status\s*=', re.I)
+PEEWEE_WRITES = ('update', 'create', 'insert', 'insert_many', 'replace')
+
+
+def writes_status(node):
+    """Does this piece of a module write ``lifecycle_status``? SQL text that sets it, a peewee
+    write naming it (``AiJob.update({AiJob.lifecycle_status: …})``, ``update(lifecycle_status=…)``)
+    or an assignment to a row's attribute."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        text = node.value
+        before_where = re.split(r'\bWHERE\b', text, maxsplit=1, flags=re.I)[0]
+        return not text.lstrip().upper().startswith('SELECT') and bool(
+            SETS_STATUS.search(before_where)
+        )
+    if isinstance(node, ast.Dict):
+        return any(
+            isinstance(key, ast.Attribute) and key.attr == 'lifecycle_status' for key in node.keys
+        )
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        named = any(keyword.arg == 'lifecycle_status' for keyword in node.keywords)
+        return named and node.func.attr in PEEWEE_WRITES
+    if isinstance(node, (ast.Assign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(
+            isinstance(target, ast.Attribute) and target.attr == 'lifecycle_status'
+            for target in targets
+        )
+    return False
+
+
+def test_only_the_lifecycle_repository_writes_a_status():
+    """The repository is one class in several modules (core/lifecycle.py and its parts); no other
+    engine module changes the column. Its own writes are found, so the search sees them (the
+    create's INSERT names its columns in a list: creation goes through ``create_job``)."""
+    writers = sorted(
+        str(path.relative_to(ENGINE))
+        for path in ENGINE.rglob('*.py')
+        if any(writes_status(node) for node in ast.walk(ast.parse(path.read_text())))
+    )
+    # The lock's and the terminal writes' SET clauses, and the cancels of a job nobody holds.
+    assert writers == ['core/lifecycle_cancel.py', 'core/lifecycle_sql.py']

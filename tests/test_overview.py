@@ -4,7 +4,7 @@ alive by their heartbeats. Both backend pairs."""
 
 import time
 
-from engine.core.lifecycle import Fence
+from engine.core.fences import Fence
 from engine.core.overview import Overview
 from tests.support.api import run_to_failed, run_to_running
 from tests.support.helpers import create_job

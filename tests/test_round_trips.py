@@ -9,8 +9,8 @@ import peewee
 import pytest
 
 from engine.core.errors import JobLockConflictError
+from engine.core.fences import Fence
 from engine.core.history import NewEvent, insert_events
-from engine.core.lifecycle import Fence
 from engine.core.models import AiJob, AiJobEvent, OutboxEvent
 from engine.core.sql import Statement, rows_together, send, write_row
 from engine.execution.engine import ExecutionEngine

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from engine.core.errors import JobLockConflictError
-from engine.core.lifecycle import Fence
+from engine.core.fences import Fence
 from engine.core.models import AiJob, OutboxEvent
 from engine.core.outbox import ENQUEUE_EVENT
 from engine.execution.engine import ExecutionEngine

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import peewee
 
-from .lifecycle import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
 from .models import AiJob, OutboxEvent
 from .outbox import DEAD, PENDING, PROCESSING
+from .states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
 
 ACTIVE = (QUEUED, RUNNING)
 FINISHED = (SUCCEEDED, FAILED, CANCELLED)

@@ -20,11 +20,11 @@ from .errors import (
 )
 from .groupcommit import GroupCommit
 from .history import CREATED, DISPATCHED, RETRIED, NewEvent, insert_events
-from .lifecycle import CANCELLED, FAILED, TERMINAL
 from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
 from .outbox import ENQUEUE_EVENT
 from .registry import first_error
 from .sql import insert_row
+from .states import CANCELLED, FAILED, TERMINAL
 from .store import IntegrityError
 from .webhook_urls import UrlPolicy, check_url
 

@@ -3,9 +3,9 @@ answers, and the body a webhook delivers (architecture decision 15), so the two 
 
 from typing import NamedTuple
 
-from .lifecycle import RUNNING, SUCCEEDED
 from .models import AiJob
 from .sql import Statement, execute, job_from_row
+from .states import RUNNING, SUCCEEDED
 
 # What JobStatusResponse and the ownership check read: status polling is the hot path, and
 # building fewer columns into the row costs measurably less than the whole row.

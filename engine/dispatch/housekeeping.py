@@ -13,7 +13,7 @@ from ..core.errors import (
     JobLockConflictError,
     QueueUnavailableError,
 )
-from ..core.lifecycle import ExpiredLockFence
+from ..core.fences import ExpiredLockFence
 from ..core.logs import log_event
 from .queue import Message
 

@@ -15,8 +15,8 @@ import time
 from contextlib import nullcontext
 
 from ..core.errors import JobLockConflictError, QueueUnavailableError
-from ..core.lifecycle import RUNNING
 from ..core.logs import log_event
+from ..core.states import RUNNING
 from ..execution.engine import ExecutionEngine
 from .leader import Leadership
 from .wake import Waker

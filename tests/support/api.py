@@ -7,7 +7,8 @@ import time
 import pytest
 
 from engine.core.errors import InternalJobError
-from engine.core.lifecycle import TERMINAL, Fence
+from engine.core.fences import Fence
+from engine.core.states import TERMINAL
 from engine.http.app import create_app
 from engine.http.auth import TokenStore
 from tests.support.runtimes import FAST_SETTINGS, fast_registry

@@ -12,9 +12,9 @@ import contextlib
 
 import pytest
 
-from engine.core.lifecycle import TERMINAL
 from engine.core.models import AiJob
 from engine.core.registry import JobDefinitionRegistry
+from engine.core.states import TERMINAL
 from engine.jobtypes.synthetic import synthetic_definition
 from engine.runtime import Runtime
 from tests.support.backends import reset_tables
