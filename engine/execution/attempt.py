@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..core.errors import JobCancelledError
-from ..core.lifecycle import Fence
+from ..core.fences import Fence
 from ..core.models import AiJob
 
 # The error code of a usage row whose call finished after its worker lost the lock or stopped.

@@ -13,9 +13,9 @@ from ..core.errors import (
     JobFailure,
     JobLockConflictError,
 )
-from ..core.lifecycle import CANCELLED, FAILED, SUCCEEDED
 from ..core.logs import log_event
 from ..core.models import canonical_hash
+from ..core.states import CANCELLED, FAILED, SUCCEEDED
 from .attempt import LOCK_LOST, ms_since
 
 

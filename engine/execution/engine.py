@@ -26,10 +26,11 @@ from ..core.errors import (
     MisconfiguredJobError,
     UnknownJobTypeError,
 )
+from ..core.fences import Fence
 from ..core.groupcommit import GroupCommit
-from ..core.lifecycle import SUCCEEDED, Fence
 from ..core.logs import log_event
 from ..core.models import AiJob
+from ..core.states import SUCCEEDED
 from .attempt import Attempt, AttemptAbandoned, Resolved
 from .calls import ProviderCalls
 from .completion import Completion, Success
