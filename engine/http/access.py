@@ -11,6 +11,8 @@ from .parsing import header
 
 
 class Access:
+    """The checks every resource makes of its caller, over the API tokens."""
+
     def __init__(self, store):
         self.tokens = TokenStore(store)
 

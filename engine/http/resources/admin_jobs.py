@@ -18,6 +18,8 @@ from ..replies import reply
 
 
 class AdminJobs:
+    """GET /admin-api/ai/jobs and POST /admin-api/ai/jobs/{id}/retry."""
+
     def __init__(self, runtime, access):
         self.runtime = runtime
         self.access = access

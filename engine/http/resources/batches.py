@@ -53,6 +53,8 @@ _COUNT = {'type': 'integer', 'minimum': 0}
 
 
 class Batches:
+    """GET /admin-api/ai/batches."""
+
     def __init__(self, runtime, access):
         self.access = access
 

@@ -13,6 +13,8 @@ from ..replies import reply
 
 
 class Credentials:
+    """POST, GET /api/ai/credentials and DELETE /api/ai/credentials/{id}."""
+
     def __init__(self, runtime, access):
         self.runtime = runtime
         self.access = access

@@ -28,6 +28,8 @@ SSE_EVENT = {
 
 
 class JobStreams:
+    """GET /api/ai/jobs/{id}/stream, with the cap on the streams this process holds."""
+
     def __init__(self, runtime, access):
         self.runtime = runtime
         self.store = runtime.store

@@ -14,6 +14,8 @@ USAGE_GROUPS = {'user': 'user', 'jobType': 'job_type'}
 
 
 class Usage:
+    """GET /admin-api/ai/usage."""
+
     def __init__(self, runtime, access):
         self.store = runtime.store
         self.access = access
