@@ -1,6 +1,7 @@
 """The current request read strictly: the query string, a JSON object body (size, media type,
-a slow client's timeout), and headers as UTF-8 text. bottle's thread-local ``request`` is read
-here and in the resources' route functions only; everything below takes plain values."""
+a slow client's timeout), and headers as UTF-8 text. bottle's thread-local ``request`` stays in
+the HTTP layer (here, the guard, the access checks and the routes); everything below the routes
+takes and returns plain values."""
 
 import logging
 

@@ -376,7 +376,7 @@ def _paths():
                     query_param(
                         'after',
                         'Only events with a greater id.',
-                        {'type': 'integer', 'minimum': 0},
+                        {'type': 'integer', 'minimum': 0, 'maximum': history_view.MAX_AFTER},
                     ),
                     query_param(
                         'limit',
