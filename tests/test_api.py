@@ -14,6 +14,7 @@ from engine.core.registry import JobDefinitionRegistry
 from engine.http import json_body
 from engine.http.app import create_app
 from engine.http.auth import TOKEN_CACHE_S, TokenStore
+from engine.http.openapi import common_schemas
 from engine.jobtypes.synthetic import SYNTHETIC_JOB_DEFINITION, synthetic_definition
 from tests.support.api import ADMIN_JOBS, JOBS, Harness, job_body, run_to_failed, run_to_running
 from tests.support.helpers import run_threads, wait_until
@@ -694,14 +695,36 @@ def test_openapi_documents_every_route_of_the_app(api):
         (method.upper(), path) for path, item in document['paths'].items() for method in item
     }
 
-    def openapi_path(rule):  # bottle's <job_id> (or <job_id:re:...>) is the document's {jobId}
-        camel = lambda m: '{%s}' % re.sub(r'_(\w)', lambda c: c[1].upper(), m[1])  # noqa: E731
-        return re.sub(r'<(\w+)(?::[^>]*)?>', camel, rule)
-
     routes = {(route.method, openapi_path(route.rule)) for route in api.app.routes}
     # bottle answers HEAD through the GET route (without the body), as the document says.
     routes |= {('HEAD', path) for method, path in routes if method == 'GET'}
     assert routes == documented
+
+
+def openapi_path(rule):
+    """bottle's <job_id> (or <job_id:re:...>) is the document's {jobId}."""
+    camel = lambda m: '{%s}' % re.sub(r'_(\w)', lambda c: c[1].upper(), m[1])  # noqa: E731
+    return re.sub(r'<(\w+)(?::[^>]*)?>', camel, rule)
+
+
+def test_each_resource_documents_exactly_its_own_routes(api):
+    """A resource carries its own part of the document beside its routes (so that it can move
+    as a unit): the paths it declares are those of its routes, method for method, and no path
+    or schema is declared twice (one would silently replace the other)."""
+    resources = api.app.aijob_api.resources
+    declared_paths, declared_schemas = [], list(common_schemas())
+    for resource in resources:
+        paths = resource.paths()
+        routes = {(method.lower(), openapi_path(rule)) for method, rule, _, _ in resource.routes()}
+        documented = {(method, path) for path, item in paths.items() for method in item}
+        assert routes == documented, type(resource).__name__
+        declared_paths += list(paths)
+        declared_schemas += list(resource.schemas())
+    assert sorted(declared_paths) == sorted(set(declared_paths))
+    assert sorted(declared_schemas) == sorted(set(declared_schemas))
+    document = api.anon.get('/openapi.json').json
+    assert list(document['paths']) == declared_paths  # in the resources' order
+    assert sorted(document['components']['schemas']) == sorted(declared_schemas)
 
 
 def test_options_lists_the_methods_and_head_answers_as_get_without_a_body(api):

@@ -15,7 +15,6 @@ text, per dialect, is in lifecycle_sql.py. No other module writes a status.
 
 from . import history
 from .errors import JobNotFoundError
-from .fences import Fence
 from .lifecycle_cancel import CancelWrites
 from .lifecycle_fenced import FencedWrites
 from .lifecycle_finish import FinishWrites
@@ -28,29 +27,11 @@ from .sql import Statement, insert_row
 from .states import (
     CANCELLED,
     FAILED,
-    LEGACY_STATUS_TO_LIFECYCLE,
     QUEUED,
     RUNNING,
     SUCCEEDED,
-    TERMINAL,
-    Status,
     refusal,
 )
-
-# The state machine's names and Fence, where engine/http/ and engine/execution/engine.py import
-# them from (core/states.py and core/fences.py are their homes).
-__all__ = [
-    'AiJobLifecycleRepository',
-    'CANCELLED',
-    'FAILED',
-    'LEGACY_STATUS_TO_LIFECYCLE',
-    'QUEUED',
-    'RUNNING',
-    'SUCCEEDED',
-    'TERMINAL',
-    'Fence',
-    'Status',
-]
 
 
 class AiJobLifecycleRepository(LockWrites, FencedWrites, FinishWrites, CancelWrites, ReaperQueries):

@@ -26,11 +26,12 @@ from ..core.errors import (
     NoSuchEndpointError,
     UnauthorizedError,
 )
-from ..core.lifecycle import RUNNING
 from ..core.logs import log_event
 from ..core.registry import QUEUE_NAMES
+from ..core.states import RUNNING
 from . import dashboard_pages as pages
 from .auth import TokenStore
+from .openapi_dashboard import dashboard_paths
 from .sessions import SessionStore, csrf_ok, csrf_token
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,6 +89,12 @@ class Dashboard:
             ('GET', PREFIX + '/batches/<batch_id>', self.batch_page, True),
             ('GET', PREFIX + '/static/<name>', self.static, False),
         )
+
+    def paths(self):
+        return dashboard_paths()
+
+    def schemas(self):
+        return {}  # pages and forms: HTML, and the common Error
 
     # -- pages
     def overview_page(self):

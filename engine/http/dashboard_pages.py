@@ -9,14 +9,15 @@ from dataclasses import dataclass
 
 from ..core.errors import AiJobError, BatchNotFoundError, InvalidRequestError, JobNotFoundError
 from ..core.history import JobHistory
-from ..core.lifecycle import CANCELLED, FAILED, SUCCEEDED, TERMINAL
 from ..core.models import AiJob, AiJobSnapshot, AiUsageLog
 from ..core.overview import STATES, Overview
 from ..core.registry import QUEUE_NAMES
+from ..core.states import CANCELLED, FAILED, SUCCEEDED, TERMINAL
 from ..execution.usage import usage_totals
-from . import batch_views, views
 from . import params as admin_jobs
-from .budget_views import budget_view
+from . import views
+from .resources import batches
+from .resources.budgets import budget_view
 
 _BATCH_ID = re.compile(r'^[0-9A-Za-z_-]{1,64}$')
 CHART_WIDTH, CHART_HEIGHT = 720, 120
@@ -258,17 +259,17 @@ def batch_list(runtime, params):
     chosen = {name: params[name] for name in BATCH_FILTERS if params.get(name)}
     now = runtime.store.clock()
     values = {'filters': chosen, 'error': None, 'batches': [], 'next_cursor': None}
-    values['states'] = batch_views.BATCH_STATES
+    values['states'] = batches.BATCH_STATES
     try:
-        state, limit, after = batch_views.parse_list_query(chosen)
-        rows, values['next_cursor'] = batch_views.list_batches(state, limit, after)
+        state, limit, after = batches.parse_list_query(chosen)
+        rows, values['next_cursor'] = batches.list_batches(state, limit, after)
         values['batches'] = [_batch_row(batch, now) for batch in rows]
     except InvalidRequestError as exc:
         values['error'] = exc.public_message
     values['page_query'] = {k: v for k, v in chosen.items() if k != 'cursor'}
     values['waiting'] = [
         {'group': group, 'jobs': count, 'waited': duration(_datetime(oldest), now)}
-        for group, count, oldest in batch_views.waiting_groups()
+        for group, count, oldest in batches.waiting_groups()
     ]
     return values
 
@@ -276,12 +277,12 @@ def batch_list(runtime, params):
 def batch_detail(runtime, batch_id):
     if not _BATCH_ID.match(batch_id):
         raise BatchNotFoundError()
-    batch = batch_views.find_batch(batch_id)
-    jobs = batch_views.batch_jobs(batch.id)
+    batch = batches.find_batch(batch_id)
+    jobs = batches.batch_jobs(batch.id)
     return {
         'batch': _batch_row(batch, runtime.store.clock()),
         'jobs': [{'item': item, 'status': status} for item, status in jobs],
-        'shown_all': len(jobs) < batch_views.MAX_ITEMS_SHOWN,
+        'shown_all': len(jobs) < batches.MAX_ITEMS_SHOWN,
     }
 
 
@@ -289,7 +290,7 @@ def _batch_row(batch, now):
     return {
         'batch': batch,
         'age': duration(batch.created_at, batch.ended_at or now),
-        'cost': batch_views.money(batch.cost),
+        'cost': batches.money(batch.cost),
     }
 
 

@@ -8,6 +8,7 @@ from .params import whole_number
 
 DEFAULT_LIMIT = 200
 MAX_LIMIT = 1000
+MAX_AFTER = 2**63 - 1  # event ids are BIGINT
 PARAMETERS = ('after', 'limit')
 
 
@@ -16,7 +17,7 @@ def parse_query(params):
     unknown = sorted(set(params) - set(PARAMETERS))
     if unknown:
         raise InvalidRequestError('unknown query parameter %s' % unknown[0], field=unknown[0])
-    after = _whole(params.get('after'), 'after', 0, 2**63 - 1)
+    after = _whole(params.get('after'), 'after', 0, MAX_AFTER)
     limit = _whole(params.get('limit'), 'limit', 1, MAX_LIMIT)
     return after, DEFAULT_LIMIT if limit is None else limit
 

@@ -15,7 +15,7 @@ from ..core.logs import log_event
 from ..dispatch.scrape import CONTENT_TYPE, exposition
 from ..gateway.cooldowns import cooldown_gauge
 from .auth import TokenStore, bearer_token
-from .batch_views import batch_gauges
+from .resources.batches import batch_gauges
 
 SCRAPE_TIMEOUT_S = 10  # a scraper silent this long is dropped (the worker's own port)
 

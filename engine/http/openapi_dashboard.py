@@ -2,11 +2,11 @@
 that every route of the app is documented. Errors are the usual JSON unless the caller accepts
 text/html, which gets the same code and status as a page."""
 
-from .openapi import _errors, _json, _ref
+from .openapi import error_responses, json_response, ref
 
 _HTML = {'text/html': {'schema': {'type': 'string'}}}
 # An error: a page for a browser, the usual JSON error for any other client.
-_ERROR_PAGE = dict(_HTML, **{'application/json': {'schema': _ref('Error')}})
+_ERROR_PAGE = dict(_HTML, **{'application/json': {'schema': ref('Error')}})
 _SESSION = [{'dashboardSession': []}]
 _FORM = 'application/x-www-form-urlencoded'
 
@@ -21,7 +21,7 @@ def _page(summary, *errors, parameters=()):
                 '200': {'description': 'The page (?part=live: its live part).', 'content': _HTML},
                 '303': {'description': 'Not signed in: to the sign-in form.'},
             },
-            **_errors(401, 503, *errors),
+            **error_responses(401, 503, *errors),
         ),
     }
     if parameters:
@@ -38,7 +38,7 @@ def _action(summary, *errors):
             'requestBody': {'content': {_FORM: {'schema': {'type': 'object'}}}},
             'responses': dict(
                 {'303': {'description': 'Done: to the page that shows the result.'}},
-                **_errors(401, 403, 503, *errors),
+                **error_responses(401, 403, 503, *errors),
             ),
         }
     }
@@ -58,7 +58,7 @@ def dashboard_paths():
                 'tags': ['dashboard'],
                 'security': [],
                 'responses': dict(
-                    {'200': {'description': 'The form.', 'content': _HTML}}, **_errors()
+                    {'200': {'description': 'The form.', 'content': _HTML}}, **error_responses()
                 ),
             },
             'post': {
@@ -78,7 +78,7 @@ def dashboard_paths():
                             'content': _ERROR_PAGE,
                         },
                     },
-                    **_errors(),
+                    **error_responses(),
                 ),
             },
         },
@@ -119,9 +119,9 @@ def dashboard_paths():
                 'responses': dict(
                     {
                         '200': {'description': 'The file.'},
-                        '404': _json('NOT_FOUND: no such file.', _ref('Error')),
+                        '404': json_response('NOT_FOUND: no such file.', ref('Error')),
                     },
-                    **_errors(),
+                    **error_responses(),
                 ),
             }
         },

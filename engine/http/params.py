@@ -28,9 +28,9 @@ from typing import Optional
 import peewee
 
 from ..core.errors import InvalidRequestError
-from ..core.lifecycle import LEGACY_STATUS_TO_LIFECYCLE, Status
 from ..core.models import AiJob, database
 from ..core.registry import QUEUE_NAMES
+from ..core.states import LEGACY_STATUS_TO_LIFECYCLE, Status
 
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100

@@ -14,7 +14,7 @@ its id the job's latest history row), then sends each history row written after 
 then it ends. A resumed stream sends only what comes after ``Last-Event-ID``; one with nothing
 left to send for a terminal job answers 204, which tells an EventSource to stop reconnecting.
 
-A stream waits the way the long poll does (app.Watch): one loop of the process reads the latest
+A stream waits the way the long poll does (waiter.Watch): one loop of the process reads the latest
 history id of every streamed job in one query per poll interval and wakes the streams whose job
 has a new row; a waiting stream holds no database connection, and under gevent costs a greenlet,
 never a thread. Idle streams get a comment every heartbeat interval; every stream ends after
@@ -31,9 +31,9 @@ from peewee import fn
 
 from ..core.errors import InvalidRequestError
 from ..core.history import JobHistory
-from ..core.lifecycle import TERMINAL
 from ..core.logs import log_event
 from ..core.models import AiJobEvent
+from ..core.states import TERMINAL
 from ..core.status_view import find_for_status, job_status
 from . import text_feed
 

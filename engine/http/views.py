@@ -83,3 +83,10 @@ def credential(info):
         'maskedKey': info.masked_key,
         'createdAt': iso(info.created_at),
     }
+
+
+def status_body(job, refs=None):
+    """JobStatusResponse; ``refs`` when the caller read them with the job already."""
+    if refs is None and job.lifecycle_status == 'succeeded':
+        refs = artifact_refs([job.id])[job.id]
+    return job_status(job, refs or ())

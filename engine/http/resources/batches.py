@@ -1,7 +1,7 @@
-"""Provider batches as operators see them (issue 22 item 5): the admin list
-``GET /admin-api/ai/batches`` with its checks and keyset pages, one batch with its jobs for the
-dashboard, and the gauges a scrape reads. Reads only: the batcher (engine/gateway/batches/)
-writes these tables.
+"""The provider batch resource: provider batches as operators see them (issue 22 item 5). The
+admin list ``GET /admin-api/ai/batches`` with its checks, keyset pages and part of the OpenAPI
+document; one batch with its jobs for the dashboard; the gauges a scrape reads. Reads only: the
+batcher (engine/gateway/batches/) writes these tables.
 
 Every read is bounded: a page of batches by (created_at, id), a batch's items by their batch id,
 the waiting items and the open batches through their state indexes. Only the cost gauge reads
@@ -14,11 +14,23 @@ from decimal import Decimal
 from peewee import fn
 from prometheus_client.core import GaugeMetricFamily
 
-from ..core.errors import BatchNotFoundError, InvalidRequestError
-from ..core.models import AiJob, AiProviderBatch, AiProviderBatchItem
-from ..gateway.batches import batcher, items
-from .params import DEFAULT_PAGE_SIZE, EPOCH, MAX_PAGE_SIZE, whole_number
-from .views import iso
+from ...core.errors import BatchNotFoundError, InvalidRequestError
+from ...core.models import AiJob, AiProviderBatch, AiProviderBatchItem
+from ...gateway.batches import batcher, items
+from .. import parsing
+from ..openapi import (
+    MONEY,
+    NULLABLE_TIME,
+    TIME,
+    error_responses,
+    json_response,
+    page_params,
+    query_param,
+    ref,
+)
+from ..params import DEFAULT_PAGE_SIZE, EPOCH, MAX_PAGE_SIZE, whole_number
+from ..replies import reply
+from ..views import iso
 
 BATCH_STATES = (
     batcher.BUILDING,
@@ -34,6 +46,81 @@ MAX_ITEMS_SHOWN = 1000  # a batch page lists at most this many of its jobs
 CURSOR_PATTERN = r'^[0-9]{1,20}\.[0-9A-Za-z_-]{1,36}$'
 _CURSOR = re.compile(CURSOR_PATTERN)
 COST_PLACES = Decimal('0.000001')  # DECIMAL(14, 6)
+
+
+_NULLABLE_TEXT = {'type': ['string', 'null']}
+_COUNT = {'type': 'integer', 'minimum': 0}
+
+
+class Batches:
+    """GET /admin-api/ai/batches."""
+
+    def __init__(self, runtime, access):
+        self.access = access
+
+    def routes(self):
+        return (('GET', '/admin-api/ai/batches', self.admin_list_batches, True),)
+
+    def paths(self):
+        return _paths()
+
+    def schemas(self):
+        view = {
+            'batchId': {'type': 'string'},
+            'provider': {'type': 'string', 'description': 'The route entry the batch went to.'},
+            'model': {'type': 'string'},
+            'state': {
+                'enum': list(BATCH_STATES),
+                'description': 'building (jobs chosen) -> uploaded (input file stored) -> '
+                'submitted (the provider has the batch) -> ended (every job has its line); '
+                'cancelling: every job of it was cancelled and the provider is told.',
+            },
+            'providerStatus': dict(
+                _NULLABLE_TEXT,
+                description='What the provider last said (validating, in_progress, …).',
+            ),
+            'providerBatchId': _NULLABLE_TEXT,
+            'inputFileId': _NULLABLE_TEXT,
+            'outputFileId': _NULLABLE_TEXT,
+            'errorFileId': _NULLABLE_TEXT,
+            'jobCount': _COUNT,
+            'succeededCount': dict(_COUNT, description='Lines answered.'),
+            'failedCount': dict(
+                _COUNT, description='Lines that failed, expired or were cancelled.'
+            ),
+            'cost': dict(MONEY, description='Cost of its answered lines, at the batch price.'),
+            'pollCount': _COUNT,
+            'nextPollAt': NULLABLE_TIME,
+            'createdAt': TIME,
+            'submittedAt': NULLABLE_TIME,
+            'endedAt': NULLABLE_TIME,
+        }
+        return {
+            'ProviderBatch': {
+                'type': 'object',
+                'additionalProperties': False,
+                'required': list(view),
+                'properties': view,
+            },
+            'ProviderBatchList': {
+                'type': 'object',
+                'additionalProperties': False,
+                'required': ['items', 'nextCursor', 'limit'],
+                'properties': {
+                    'items': {'type': 'array', 'items': ref('ProviderBatch')},
+                    'nextCursor': {'type': ['string', 'null']},
+                    'limit': {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE_SIZE},
+                },
+            },
+        }
+
+    def admin_list_batches(self):
+        self.access.admin()
+        state, limit, after = parse_list_query(parsing.query())
+        batches, next_cursor = list_batches(state, limit, after)
+        return reply(
+            {'items': [batch_view(b) for b in batches], 'nextCursor': next_cursor, 'limit': limit}
+        )
 
 
 # ---------------------------------------------------------------- the list
@@ -205,3 +292,27 @@ def _counts(model, states):
         .group_by(model.state)
         .tuples()
     )
+
+
+def _paths():
+    return {
+        '/admin-api/ai/batches': {
+            'get': {
+                'summary': 'Provider batches, newest first (SUPER_ADMIN).',
+                'parameters': [
+                    query_param(
+                        'state', 'Only batches in this state.', {'enum': list(BATCH_STATES)}
+                    ),
+                    *page_params(
+                        "MICROS.BATCH_ID, the last batch's createdAt in microseconds since 1970 "
+                        '(UTC) and its id.',
+                        CURSOR_PATTERN,
+                    ),
+                ],
+                'responses': dict(
+                    {'200': json_response('One page.', ref('ProviderBatchList'))},
+                    **error_responses(400, 401, 403, 503),
+                ),
+            }
+        }
+    }
