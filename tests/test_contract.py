@@ -15,9 +15,13 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
+
 from engine.http.auth import TokenStore
 from tests.support.runtimes import MASTER_KEY, PROVIDER_SETTINGS
 from tests.support.servers import serve_process  # noqa: F401
+
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = int(os.environ.get('AIJOB_CONTRACT_EXAMPLES', '10'))

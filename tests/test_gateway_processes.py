@@ -13,6 +13,8 @@ from tests.support.helpers import create_job
 from tests.support.routed_jobs import routed_definition
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 
+pytestmark = pytest.mark.slow
+
 THRESHOLD = 3
 JOBS = 30
 

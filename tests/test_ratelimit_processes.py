@@ -15,6 +15,8 @@ from tests.support.helpers import create_job, wait_until
 from tests.support.rate_limited import create_jobs, limit_fake, settings
 from tests.support.runtimes import FAST_SETTINGS
 
+pytestmark = pytest.mark.slow
+
 # The margin covers a request's way from its slot to the provider's count of it: a woken job may
 # take its booked slot up to half the margin late (ratelimits.py, late_ms), and any request then
 # goes from its Redis reservation through the guard's return and an HTTP request to the fake's
