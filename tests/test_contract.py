@@ -109,7 +109,23 @@ def schemathesis(server, token, operations, ids, folder, options=False):
     return summary
 
 
-def test_the_server_matches_its_openapi_document(backend, make_runtime, serve_process, tmp_path):  # noqa: F811
+# The three runs, each a test of its own on a server of its own, so that a parallel run (xdist)
+# can spread them: which token, which paths, and OPTIONS alone or every other method.
+RUNS = {
+    'user': ('user', USER_API, False),
+    'admin': ('admin', ADMIN_API, False),
+    'options': ('user', EVERY_PATH, True),
+}
+
+
+@pytest.mark.parametrize('run', sorted(RUNS))
+def test_the_server_matches_its_openapi_document(
+    backend,
+    make_runtime,
+    serve_process,  # noqa: F811
+    tmp_path,
+    run,
+):
     runtime = make_runtime()
     with runtime.store.connection():
         tokens = TokenStore(runtime.store)
@@ -125,7 +141,6 @@ def test_the_server_matches_its_openapi_document(backend, make_runtime, serve_pr
         )
     )
     ids = known_ids(server, user)
-    schemathesis(server, user, USER_API, ids, tmp_path)
-    schemathesis(server, admin, ADMIN_API, ids, tmp_path)
-    schemathesis(server, user, EVERY_PATH, ids, tmp_path, options=True)
+    token, operations, options = RUNS[run]
+    schemathesis(server, {'user': user, 'admin': admin}[token], operations, ids, tmp_path, options)
     assert server.stop() == 0, server.log_path.read_text()[-5000:]
