@@ -26,11 +26,11 @@ def free_port():
     worker: gw0, gw1...) picks from a block of its own below the kernel's ephemeral range (32768
     and up): two workers never pick the same port, and no outgoing connection can take it
     between the pick and the server's bind, as one could with a port the kernel lent for
-    ``bind(0)``. Up to 20 workers: a cluster node's bus port (its port + 10000) stays below
-    the blocks of any other worker."""
+    ``bind(0)``. Up to 20 workers: a cluster node's bus port (its port + 10000) then lands in
+    20000..29999, above every worker's block and below the ephemeral range."""
     block = PORT_BASE + _worker_index() * PORT_BLOCK
     if not _next_port:
-        _next_port.append(random.randrange(PORT_BLOCK))  # two plain runs rarely start together
+        _next_port.append(random.randrange(PORT_BLOCK))  # plain runs (no xdist) share block 0
     for _ in range(PORT_BLOCK):
         _next_port[0] = (_next_port[0] + 1) % PORT_BLOCK
         port = block + _next_port[0]
