@@ -193,6 +193,7 @@ def test_cancelling_a_slow_stream_ends_cancelled_and_closes_the_upstream(ai_runt
     assert [r.error_code for r in usage_rows(job)] == ['CANCELLED']
 
 
+@pytest.mark.slow
 def test_a_stream_still_running_at_the_job_deadline_ends_timeout(ai_runtime, fake):
     fake.script(json_reply(CARDS, chunks=200, delay_s=0.1))
     job = create_job(ai_runtime, job_type='flashcard_quick', input={'text': TEXT})

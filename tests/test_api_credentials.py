@@ -92,6 +92,7 @@ def test_users_get_403_on_admin_usage(api):
     assert response.status == 403 and response.error_code == 'FORBIDDEN'
 
 
+@pytest.mark.slow
 def test_logs_never_contain_input_output_tokens_or_keys(make_runtime, caplog):
     runtime = make_runtime(
         registry=fast_registry(), AIJOB_CREDENTIAL_MASTER_KEY=MASTER_KEY, **FAST_SETTINGS

@@ -2,6 +2,8 @@
 against /openapi.json): the owner's view, the admin's, paging, 404 for others, 400 for bad
 parameters."""
 
+import pytest
+
 from engine.core.models import AiJobEvent
 from tests.support.api import JOBS, run_to_failed
 from tests.support.helpers import wait_until
@@ -81,6 +83,7 @@ def test_bad_parameters_are_400_and_change_nothing(api):
     assert AiJobEvent.select().count() == before
 
 
+@pytest.mark.slow
 def test_a_running_job_s_history_over_http_in_order(live_api):
     job_id = live_api.create(input={'sleepMs': 600, 'progressSteps': 4})
 

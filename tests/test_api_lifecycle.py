@@ -1,6 +1,8 @@
 """The full job lifecycle through HTTP with the engine running in this process: create → poll →
 succeeded → artifacts, cancel queued and running, failure details by role, admin retry."""
 
+import pytest
+
 from engine.core.models import AiJob
 from tests.support.api import ADMIN_JOBS, JOBS, job_body, poll_until
 
@@ -29,6 +31,7 @@ def test_create_poll_succeed_and_read_the_artifacts(live_api):
     assert live_api.b.get(JOBS + '/%s/artifacts' % job_id).status == 404
 
 
+@pytest.mark.slow
 def test_cancel_a_job_still_queued_behind_a_busy_worker(live_api):
     # ai-background runs one job at a time: the second waits in the queue.
     busy = live_api.a.post(JOBS, job_body(jobType='synthetic_bg', input={'sleepMs': 1500})).json

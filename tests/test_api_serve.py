@@ -8,8 +8,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.support.servers import free_port, http, wait_healthy
 from tests.support.wsgi import OpenApiCheck
+
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

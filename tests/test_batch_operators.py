@@ -290,6 +290,7 @@ def test_the_batches_pages_are_for_signed_in_operators_only(api):
 
 
 # ---------------------------------------------------------------- in a real browser
+@pytest.mark.slow
 def test_in_a_browser_an_operator_goes_from_the_batches_to_a_batch_and_its_job(
     chromium,
     served,  # noqa: F811
@@ -330,6 +331,7 @@ def test_in_a_browser_an_operator_goes_from_the_batches_to_a_batch_and_its_job(
 
 
 # ---------------------------------------------------------------- batches the core made
+@pytest.mark.slow
 def test_operators_follow_a_real_batch_from_submitted_to_ended(make_batch_rt, batch_fake):  # noqa: F811
     batch_fake.mode = 'manual'
     rt = make_batch_rt()

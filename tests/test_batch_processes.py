@@ -33,6 +33,8 @@ from tests.support.runtimes import FAST_SETTINGS
 from tests.support.servers import free_port, http, wait_healthy
 from tests.support.worker_processes import ROOT
 
+pytestmark = pytest.mark.slow
+
 JOBS = 10  # one batch: tests.support.batched_jobs forms it when ten wait
 CHUNK = 2  # result lines written per transaction
 BATCH_COST = Decimal('0.012500')

@@ -76,6 +76,7 @@ def usage_rows(job_ids):
     return list(AiUsageLog.select().where(AiUsageLog.job_id.in_(job_ids)).order_by(AiUsageLog.id))
 
 
+@pytest.mark.slow
 def test_200_jobs_go_in_4_batches_at_half_price_each_projected_once(make_batch_rt, batch_fake):
     # The reaper's lost wake-up path out of reach: each job is woken by its line's outcome.
     rt = make_batch_rt(
@@ -129,6 +130,7 @@ def submitted_batch(timeout=30.0):
     )
 
 
+@pytest.mark.slow
 def test_a_failed_line_is_retried_in_a_later_batch(make_batch_rt, batch_fake):
     rt = make_batch_rt()
     with rt.store.connection():
@@ -149,6 +151,7 @@ def test_a_failed_line_is_retried_in_a_later_batch(make_batch_rt, batch_fake):
         assert len(events_of(first, 'retry_scheduled')) == 1
 
 
+@pytest.mark.slow
 def test_an_expired_batch_sends_its_unanswered_jobs_online(make_batch_rt, batch_fake):
     batch_fake.mode = 'manual'
     rt = make_batch_rt()
@@ -173,6 +176,7 @@ def test_an_expired_batch_sends_its_unanswered_jobs_online(make_batch_rt, batch_
         assert len(batch_fake.submitted_custom_ids) == 3
 
 
+@pytest.mark.slow
 def test_a_job_cancelled_in_a_batch_ends_at_once_and_its_line_is_ignored(make_batch_rt, batch_fake):
     batch_fake.mode = 'manual'
     rt = make_batch_rt()
@@ -238,6 +242,7 @@ def test_a_batch_whose_jobs_were_all_cancelled_is_cancelled_at_the_provider(
         assert usage_rows(job_ids) == []
 
 
+@pytest.mark.slow
 def test_a_parked_job_keeps_its_budget_reservation_and_spends_the_batch_price(
     make_batch_rt, batch_fake
 ):
@@ -360,6 +365,7 @@ def test_a_batch_policy_is_checked_at_registration_and_in_the_provider_file(batc
     assert 'maxWaitMs 0 must be 1..86400000' in str(refused.value)
 
 
+@pytest.mark.slow
 def test_a_route_entry_with_a_batch_policy_batches_its_background_jobs_only(
     make_runtime, batch_fake
 ):
@@ -454,6 +460,7 @@ def test_a_job_woken_before_its_line_parks_again_and_its_line_still_wakes_it(
         assert batch_fake.submitted_custom_ids == ['%s:1' % job_id]
 
 
+@pytest.mark.slow
 def test_a_batch_that_failed_at_the_provider_sends_its_jobs_online(make_batch_rt, batch_fake):
     batch_fake.mode = 'manual'
     rt = make_batch_rt()

@@ -1,7 +1,8 @@
 """``python aijob.py bench`` runs end to end on both backend pairs and prints its last line with
 every figure (issue 9, item 3). No timing is asserted: the figures only have to be there, parse
-and be positive. The mysql+redis case uses a database (``test_bench``) and a Redis prefix of its
-own, so that it does not disturb the rest of the suite."""
+and be positive. The mysql+redis case uses a database (the test database's name + ``_bench``,
+so one per xdist worker) and a Redis prefix of its own, so that it does not disturb the rest of
+the suite."""
 
 import os
 import re
@@ -14,10 +15,18 @@ from urllib.parse import urlsplit, urlunsplit
 import pymysql
 import pytest
 
-from tests.support.backends import REDIS_URL, RUN_PREFIX, delete_redis_keys, require_servers
+from tests.support.backends import (
+    MYSQL_URL,
+    REDIS_URL,
+    RUN_PREFIX,
+    delete_redis_keys,
+    require_servers,
+)
+
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH_DATABASE = 'test_bench'
+BENCH_DATABASE = urlsplit(MYSQL_URL).path.strip('/') + '_bench'
 LAST_LINE = re.compile(
     r'^e2e_jobs_per_s=(?P<e2e_jobs_per_s>\S+) '
     r'create_to_running_p50_ms=(?P<p50>\S+) create_to_running_p99_ms=(?P<p99>\S+) '
@@ -43,8 +52,8 @@ def mysql_connection(url, database=None):
 
 
 def bench_mysql_url():
-    """AIJOB_TEST_MYSQL_URL's server, with the bench's own database (created if missing)."""
-    base = urlsplit(os.environ.get('AIJOB_TEST_MYSQL_URL', 'mysql://root@127.0.0.1:3306/test'))
+    """The test MySQL server, with the bench's own database (created if missing)."""
+    base = urlsplit(MYSQL_URL)
     conn = mysql_connection(base.geturl())
     with conn.cursor() as cursor:
         cursor.execute('CREATE DATABASE IF NOT EXISTS `%s` CHARACTER SET utf8mb4' % BENCH_DATABASE)

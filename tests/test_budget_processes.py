@@ -22,6 +22,8 @@ from tests.support.fake_openai import json_reply
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS, PROVIDER_SETTINGS
 
+pytestmark = pytest.mark.slow
+
 CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'}]}
 CARD_INPUT = {'text': 'Paris is the capital of France.', 'maxCards': 1}
 MAX_TOKENS = budget_cases.MAX_TOKENS

@@ -168,6 +168,7 @@ def test_a_hit_costs_nothing_and_projects_again(start, fake):
         assert counter(runtime, 'aijob_cache_misses_total', USER_TYPE) == misses + 1
 
 
+@pytest.mark.slow
 def test_scope_user_keeps_users_apart_and_global_shares(start, fake):
     runtime = start()
     with runtime.store.connection():
@@ -183,6 +184,7 @@ def test_scope_user_keeps_users_apart_and_global_shares(start, fake):
         assert len(fake.requests) == 4
 
 
+@pytest.mark.slow
 def test_entries_survive_a_restart(start, fake):
     runtime = start()
     with runtime.store.connection():
@@ -212,6 +214,7 @@ def live_entries(runtime):
     return AiResponseCache.select().where(AiResponseCache.expires_at > runtime.store.now()).count()
 
 
+@pytest.mark.slow
 def test_a_cached_answer_that_fails_the_jobs_checks_is_removed(start, fake):
     """A safety pattern added since the answer was cached blocks it: the job fails as it would
     with the provider's answer, and the entry goes, so the next call asks the provider."""
@@ -244,6 +247,7 @@ def test_no_cache_neither_reads_nor_writes_the_cache(start, fake):
         assert refused.value.field == 'overrides.noCache'
 
 
+@pytest.mark.slow
 def test_identical_jobs_at_once_make_one_provider_call(start, fake):
     fake.script(json_reply(CARDS, first_delay_s=0.5))  # long enough for all of them to start
     runtime = start()
@@ -357,6 +361,7 @@ def test_a_bad_cache_policy_stops_start_up(policy):
     validate_definition(dataclasses.replace(flashcard_definition(), cache=CachePolicy(1000)))
 
 
+@pytest.mark.slow
 def test_identical_jobs_on_two_worker_processes_make_one_provider_call(
     make_runtime, backend, fake, tmp_path
 ):

@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.http.auth import TokenStore
@@ -114,6 +115,7 @@ def counter(url, token, name, **labels):
     return 0.0
 
 
+@pytest.mark.slow
 def test_submit_wait_prints_the_result_or_the_error_with_its_exit_code(
     backend, make_runtime, tmp_path
 ):
@@ -162,6 +164,7 @@ def test_submit_wait_prints_the_result_or_the_error_with_its_exit_code(
         assert counter(url, token, 'aijob_jobs_finished_total', **succeeded) >= 1
 
 
+@pytest.mark.slow
 def test_submit_wait_stream_prints_the_text_as_it_arrives_then_the_artifacts(
     backend, make_runtime, tmp_path, fake
 ):
@@ -225,6 +228,7 @@ def read_until(fd, text, timeout_s=30):
     raise AssertionError('%r not seen in %r' % (text, seen[-500:]))
 
 
+@pytest.mark.slow
 def test_ctrl_c_cancels_the_job_and_exits_130(backend, make_runtime, tmp_path):
     with serve(backend, make_runtime, tmp_path) as (url, token, user_token):
         # Not a terminal: cancel at once.

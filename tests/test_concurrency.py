@@ -6,6 +6,8 @@ connections; the batched heartbeat keeps every lock and keeps the fence per job.
 import contextlib
 import time
 
+import pytest
+
 from engine.core.fences import Fence
 from engine.core.models import AiJob
 from engine.core.states import TERMINAL
@@ -45,6 +47,7 @@ def most_at_once(rows):
     return best
 
 
+@pytest.mark.slow
 def test_more_jobs_run_at_once_than_the_pool_has_connections(make_runtime):
     settings = dict(
         FAST_SETTINGS,
@@ -77,6 +80,7 @@ def test_more_jobs_run_at_once_than_the_pool_has_connections(make_runtime):
     assert held[0] > POOL
 
 
+@pytest.mark.slow
 def test_heartbeats_keep_every_lock_of_many_long_jobs(make_runtime):
     # lock TTL 1.5 s, heartbeat 0.3 s: a 2.5 s job needs several heartbeats to keep its lock.
     settings = dict(FAST_SETTINGS, AIJOB_INTERACTIVE_CONCURRENCY='20', AIJOB_DB_POOL_SIZE='4')

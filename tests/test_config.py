@@ -52,6 +52,7 @@ def test_bad_values_raise_a_config_error_naming_the_variable(env):
     assert list(env)[0] in str(raised.value)
 
 
+@pytest.mark.slow
 def test_cli_prints_one_line_for_a_bad_setting():
     result = run_cli('initdb', AIJOB_DATABASE_URL='postgres://db/x')
     assert result.returncode == 2
@@ -59,6 +60,7 @@ def test_cli_prints_one_line_for_a_bad_setting():
     assert 'AIJOB_DATABASE_URL' in result.stderr and 'Traceback' not in result.stderr
 
 
+@pytest.mark.slow
 def test_initdb_is_safe_to_run_twice(backend, tmp_path):
     env = backend.env()
     for _ in range(2):

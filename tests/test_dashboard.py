@@ -406,6 +406,7 @@ def refuse_a_user_token(chromium, base, user):
     context.close()
 
 
+@pytest.mark.slow
 def test_in_a_browser_users_are_refused_and_an_operator_follows_cancels_and_retries(
     chromium, served, tmp_path
 ):

@@ -198,6 +198,7 @@ def test_a_long_deferral_is_left_alone_by_the_reaper(deferring_rt):
     assert oldest.samples[0].value == 0.0
 
 
+@pytest.mark.slow
 def test_a_deferred_job_survives_its_worker_stopping(deferring_rt, make_runtime, backend):
     rt = deferring_rt(1, 1.5)
     rt.start_background()

@@ -22,6 +22,7 @@ def pending_jobs(rt, count):
         return [create_job(rt, user_id='user-%d' % i, target_id=str(i)) for i in range(count)]
 
 
+@pytest.mark.slow
 def test_two_dispatchers_over_a_thousand_events_push_each_once(engine_rt):
     jobs = pending_jobs(engine_rt, 1000)
     dispatchers = [
@@ -59,6 +60,7 @@ def test_two_dispatchers_over_a_thousand_events_push_each_once(engine_rt):
     assert AiUsageLog.select().count() == 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', ['mysql+redis'], indirect=True)
 def test_a_published_mark_that_loses_a_lock_wait_is_tried_again(engine_rt, backend):
     """A batch mark written alone (no transaction around it) that loses to another
@@ -133,6 +135,7 @@ def test_a_bad_payload_is_a_real_rejection_and_dies_after_three(engine_rt):
     ) == ('dead', 3)
 
 
+@pytest.mark.slow
 def test_a_queue_outage_hands_events_back_without_burning_attempts(engine_rt):
     [job] = pending_jobs(engine_rt, 1)
     down = RedisQueue('redis://127.0.0.1:1/0', prefix='down')
@@ -155,6 +158,7 @@ def test_a_dispatcher_that_died_after_its_claim_is_covered(engine_rt):
     assert wait_terminal(engine_rt, job.id).lifecycle_status == 'succeeded'
 
 
+@pytest.mark.slow
 def test_immediate_dispatch_starts_a_job_without_waiting_for_a_poll(engine_rt):
     engine_rt.dispatcher.poll_ms = 60_000
     engine_rt.start_background()

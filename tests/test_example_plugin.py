@@ -4,24 +4,22 @@ the loopback OpenAI-compatible server, and its summary lands in the plugin's own
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 
+import pytest
+
 from examples.summarize import Summary
 from tests.support.fake_openai import json_reply
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = 'The tortoise won the race because the hare, sure of winning, stopped to sleep.'
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
 
 
 def call(method, url, token, body=None):

@@ -131,12 +131,14 @@ def test_validation_errors_are_retried(engine_rt):
     assert (job.lifecycle_status, job.retry_count) == ('succeeded', 1)
 
 
+@pytest.mark.slow
 def test_a_job_past_its_timeout_ends_timeout(engine_rt):
     engine_rt.start_background()
     job = run_job(engine_rt, job_type='synthetic_short', sleepMs=300_000)  # 1 s timeout
     assert (job.lifecycle_status, job.error_code, job.retry_count) == ('failed', 'TIMEOUT', 0)
 
 
+@pytest.mark.slow
 def test_abort_strategy_retry_retries_a_timeout(engine_rt):
     engine_rt.start_background()
     job = run_job(engine_rt, job_type='synthetic_short_retry', sleepMs=300_000)

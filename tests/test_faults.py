@@ -26,6 +26,8 @@ from tests.support.backends import MYSQL_URL, REDIS_URL, require_servers
 from tests.support.helpers import create_job, wait_until
 from tests.support.servers import free_port, private_mariadb, private_redis  # noqa: F401
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RECOVERY = {

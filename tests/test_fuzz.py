@@ -9,6 +9,7 @@ nothing."""
 import json
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,8 @@ from engine.core.models import (
 )
 from tests.support.api import ADMIN_JOBS, JOBS, job_body
 from tests.support.wsgi import LEAK
+
+pytestmark = pytest.mark.slow
 
 USAGE = '/admin-api/ai/usage'
 FUZZ = settings(

@@ -130,6 +130,7 @@ def fallbacks(job):
     return [(r.detail['from'], r.detail['to'], r.detail['errorCode']) for r in rows]
 
 
+@pytest.mark.slow
 def test_the_first_provider_down_jobs_succeed_on_the_second_and_it_is_used_again_after(
     routed_rt, fakes
 ):
@@ -492,6 +493,7 @@ def test_the_cooldown_rule_in_the_process():
     check_rule(cooldowns, advance)
 
 
+@pytest.mark.slow
 def test_the_cooldown_rule_in_redis():
     require_servers('redis')
     prefix = '%s-cooldowns' % RUN_PREFIX

@@ -26,6 +26,8 @@ from tests.support.provider_outage import (
 from tests.support.routed_jobs import routed_definition
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 
+pytestmark = pytest.mark.slow
+
 THRESHOLD = 3
 JOBS = 30
 DOWN_PROBE_MS = 2000

@@ -278,6 +278,7 @@ def run_cli(*args, **env):
     )
 
 
+@pytest.mark.slow
 def test_the_providers_command_prints_routes_limits_and_prices_with_keys_masked(tmp_path):
     path = tmp_path / 'providers.json'
     path.write_text(json.dumps(example()))
@@ -294,6 +295,7 @@ def test_the_providers_command_prints_routes_limits_and_prices_with_keys_masked(
     assert 'cheap: local/qwen2.5-7b -> deepseek/deepseek-chat' in out
 
 
+@pytest.mark.slow
 def test_providers_check_asks_each_model_list_with_its_key():
     good = FakeOpenAI(models=['deepseek-chat', 'deepseek-reasoner']).start()
     refusing = FakeOpenAI().start()

@@ -128,6 +128,7 @@ def test_a_job_that_retried_twice_then_succeeded(engine_rt):
     }
 
 
+@pytest.mark.slow
 def test_a_job_cancelled_while_running(engine_rt):
     engine_rt.start_background()
     job = create_job(engine_rt, input={'sleepMs': 3000, 'progressSteps': 10})

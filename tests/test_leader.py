@@ -108,6 +108,7 @@ def broken_take():
     raise ConnectionError('store unreachable')
 
 
+@pytest.mark.slow
 def test_two_workers_on_one_database_have_one_leader_and_the_role_moves_on_a_clean_stop(
     make_runtime, backend
 ):

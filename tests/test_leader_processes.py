@@ -7,11 +7,15 @@ the database."""
 
 import time
 
+import pytest
+
 from engine.core.models import AiJob, LeaderLease
 from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS, wait_terminal
 from tests.support.servers import private_redis  # noqa: F401
+
+pytestmark = pytest.mark.slow
 
 LEASE_MS = 2000
 SETTINGS = dict(

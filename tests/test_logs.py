@@ -8,6 +8,8 @@ import logging
 import pathlib
 import re
 
+import pytest
+
 from engine.core.logs import JsonFormatter, log_event
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -33,6 +35,7 @@ def test_every_log_event_has_a_dotted_name():
     assert wrong == [] and {'worker.started', 'http.request', 'job.finished'} <= names
 
 
+@pytest.mark.slow
 def test_no_module_logs_free_text_beside_log_event():
     free = [
         '%s:%d' % (path, call.lineno)

@@ -54,6 +54,7 @@ class Delta:
         return value(after, name, **labels) - value(self.before, name, **labels)
 
 
+@pytest.mark.slow
 def test_counters_move_by_exactly_the_jobs_the_test_ran(live_api):
     delta = Delta(live_api.admin)
     bodies = [
@@ -93,6 +94,7 @@ def test_counters_move_by_exactly_the_jobs_the_test_ran(live_api):
     assert not any(job_id in str(key) for key in scrape(live_api.admin) for job_id in ids)
 
 
+@pytest.mark.slow
 def test_a_cancelled_queued_job_counts_as_finished_cancelled(api):
     delta = Delta(api.admin)
     job_id = api.create()
@@ -166,6 +168,7 @@ def wait_answering(url, proc, timeout_s=30):
     wait_until(answering, timeout=timeout_s, interval=0.1)
 
 
+@pytest.mark.slow
 def test_worker_serves_metrics_on_its_own_port(backend, make_runtime, tmp_path):
     if backend.name != 'mysql+redis':
         pytest.skip('the worker process needs Redis')
@@ -220,6 +223,7 @@ def test_worker_serves_metrics_on_its_own_port(backend, make_runtime, tmp_path):
         assert proc.wait(30) == 0
 
 
+@pytest.mark.slow
 def test_web_with_two_workers_sums_their_counts_in_every_scrape(backend, make_runtime, tmp_path):
     runtime = make_runtime()
     with runtime.store.connection():

@@ -191,11 +191,9 @@ def test_a_server_that_refuses_connections_is_unavailable():
 def test_a_silent_connection_times_out_as_a_retryable_provider_timeout(fake):
     provider = OpenAICompatibleProvider(fake.base_url, 'fake-model', read_timeout_s=0.3)
     fake.script(json_reply(CARDS, first_delay_s=20))
-    started = time.monotonic()
-    with pytest.raises(ProviderError) as caught:
+    with pytest.raises(ProviderError) as caught:  # the job's 10 s deadline would be a JobTimeout
         provider.generate(request(), context(seconds=10))
     assert caught.value.code == 'PROVIDER_TIMEOUT' and caught.value.retryable
-    assert time.monotonic() - started < 5  # the read timeout, not the 20 s silence
 
 
 def test_a_missing_key_fails_before_any_request(fake, provider):
@@ -208,39 +206,27 @@ def test_a_missing_key_fails_before_any_request(fake, provider):
 # ---------------------------------------------------------------- deadline and cancellation
 def test_the_deadline_passing_mid_stream_stops_the_call_and_hangs_up(fake, provider):
     fake.script(json_reply(CARDS, chunks=100, delay_s=0.2))
-    started = time.monotonic()
     with pytest.raises(JobTimeoutError):
         provider.generate(request(), context(seconds=0.7))
-    assert time.monotonic() - started < 5  # the 0.7 s deadline, not the 20 s stream
-    assert fake.client_closed.wait(2)
+    assert fake.client_closed.wait(2)  # mid-stream: not at the end of the 20 s stream
 
 
 def test_cancelling_a_slow_stream_stops_it_promptly_and_closes_the_connection(fake, provider):
     fake.script(json_reply(CARDS, chunks=40, delay_s=0.2))
     ctx = context(seconds=30)
-    cancelled_at = []
-
-    def cancel_soon():
-        time.sleep(0.5)
-        cancelled_at.append(time.monotonic())
-        ctx.cancel_event.set()
-
-    threading.Thread(target=cancel_soon).start()
+    threading.Timer(0.5, ctx.cancel_event.set).start()
     with pytest.raises(JobCancelledError):
         provider.generate(request(), ctx)
-    assert time.monotonic() - cancelled_at[0] < 3  # not the rest of the 8 s stream
-    assert fake.client_closed.wait(2)
+    assert fake.client_closed.wait(2)  # mid-stream: not at the end of the 8 s stream
 
 
 def test_cancelling_while_the_server_is_silent_hangs_up_at_once(fake, provider):
     fake.script(json_reply(CARDS, first_delay_s=20))
     ctx = context(seconds=30)
     threading.Timer(0.3, ctx.cancel_event.set).start()
-    started = time.monotonic()
     with pytest.raises(JobCancelledError):
         provider.generate(request(), ctx)
-    assert time.monotonic() - started < 5  # not the 20 s silence
-    assert fake.client_closed.wait(2)
+    assert fake.client_closed.wait(2)  # during the 20 s silence, not after it
 
 
 def test_a_job_cancelled_before_the_call_sends_nothing(fake, provider):

@@ -3,11 +3,15 @@ job through the outage and finishes it when the store returns; nothing runs twic
 
 import time
 
+import pytest
+
 from engine.core.config import Config
 from engine.core.models import AiJob, AiJobArtifact
 from engine.runtime import Runtime
 from tests.support.helpers import create_job
 from tests.support.servers import private_mariadb  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.slow
 
 
 def read_job(runtime, job_id):

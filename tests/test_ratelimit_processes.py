@@ -17,6 +17,8 @@ from tests.support.helpers import create_job, wait_until
 from tests.support.rate_limited import create_jobs, limit_fake, settings
 from tests.support.runtimes import FAST_SETTINGS
 
+pytestmark = pytest.mark.slow
+
 # A request counts from its reservation until a window after its response (ratelimits.py), so the
 # fake, counting arrivals over the same window, may never see more than the limit: the check has
 # no margin, as the settings have none. The first window takes 40 jobs, each later one 40 more:

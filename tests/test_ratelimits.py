@@ -244,6 +244,7 @@ def test_the_guard_moves_a_call_on_or_books_its_place_and_settles_its_tokens():
     assert set(window._logs) == {'p/m', 'p/n', 'p/q'}
 
 
+@pytest.mark.slow
 def test_jobs_over_the_limit_wait_their_turn_and_no_window_sees_more_than_the_limit(
     make_runtime,
 ):

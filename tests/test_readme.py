@@ -58,3 +58,14 @@ def test_the_layout_lists_every_module_and_nothing_else():
     }
     assert sorted(modules - set(listed)) == [], 'modules the Layout leaves out'
     assert [path for path in listed if not (ROOT / path).exists()] == [], 'entries not in the tree'
+
+
+def test_ci_runs_the_readme_s_test_commands_verbatim():
+    """`.ci/run` ends with the README's whole-suite command (the first command of "Commands"),
+    and the everyday run the README names selects by the marker pytest.ini registers."""
+    commands = README[README.index('## Commands') :]
+    whole = re.search(r'^    (.*python -m pytest)$', commands, re.M).group(1)
+    ci = (ROOT / '.ci' / 'run').read_text().strip().splitlines()
+    assert ci[-1] == whole
+    assert '    python -m pytest -m "not slow"\n' in commands
+    assert re.search(r'^    slow: ', (ROOT / 'pytest.ini').read_text(), re.M)

@@ -36,6 +36,8 @@ from tests.test_faults import (  # noqa: F401 (own_database is a fixture)
     wait_all_terminal,
 )
 
+pytestmark = pytest.mark.slow
+
 PLUGIN = {'AIJOB_DEFINITIONS': 'tests.support.background_jobs'}
 
 

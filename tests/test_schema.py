@@ -13,6 +13,8 @@ from engine.core.models import MODELS, database
 from engine.core.store import default_schema_path, split_sql
 from tests.support.backends import MYSQL_URL, require_servers
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def mysql():

@@ -78,6 +78,7 @@ def read_stream(client, job_id, last_event_id=None):
     return parse(response.body)
 
 
+@pytest.mark.slow
 def test_a_job_that_retries_and_succeeds_streams_every_change_in_order_then_ends(
     make_stream_api,
 ):
@@ -110,6 +111,7 @@ def test_a_job_that_retries_and_succeeds_streams_every_change_in_order_then_ends
     assert all('worker' not in m['data']['detail'] for m in changes)  # the owner's view
 
 
+@pytest.mark.slow
 def test_resuming_with_last_event_id_repeats_nothing(make_stream_api):
     api = make_stream_api()
     job_id = api.create(input=RETRIES_THEN_SUCCEEDS)
@@ -128,6 +130,7 @@ def test_resuming_with_last_event_id_repeats_nothing(make_stream_api):
     assert fresh == dict(whole[-1])
 
 
+@pytest.mark.slow
 def test_a_history_longer_than_one_read_is_sent_whole(make_stream_api, monkeypatch):
     api = make_stream_api()
     job_id = api.create(input=RETRIES_THEN_SUCCEEDS)
@@ -246,6 +249,7 @@ def answer(raw):
     return int(head.split()[1]), head.decode('latin-1').lower(), body
 
 
+@pytest.mark.slow
 def test_300_streams_in_a_serve_process_each_get_every_change_while_healthz_answers(serve):  # noqa: F811
     base, port, token, _ = serve(AIJOB_MAX_STREAMS_PER_USER='1000')
     job_id = create(base, token, {'sleepMs': 3000, 'progressSteps': 3})

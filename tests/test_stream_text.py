@@ -145,6 +145,7 @@ def wait_for(predicate, timeout=10.0):
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_200_chunks_arrive_whole_in_order_at_most_one_message_per_100_ms(text_api, fake):
     fake.script(json_reply(CARDS, chunks=200, delay_s=CHUNK_DELAY_S))
     job_id = create_flashcards(text_api)
@@ -173,6 +174,7 @@ def test_200_chunks_arrive_whole_in_order_at_most_one_message_per_100_ms(text_ap
     assert succeeded['id'] == '%d-1-%d' % (succeeded['data']['id'], len(TEXT))
 
 
+@pytest.mark.slow
 def test_a_reconnect_mid_way_repeats_nothing_and_misses_nothing(text_api, fake):
     fake.script(json_reply(CARDS, chunks=200, delay_s=CHUNK_DELAY_S))
     job_id = create_flashcards(text_api)
@@ -201,6 +203,7 @@ def test_a_reconnect_mid_way_repeats_nothing_and_misses_nothing(text_api, fake):
     assert (done.status, done.body) == (204, b'')
 
 
+@pytest.mark.slow
 def test_a_fresh_stream_mid_way_gets_the_text_so_far_then_the_rest(text_api, fake):
     fake.script(json_reply(CARDS, chunks=200, delay_s=CHUNK_DELAY_S))
     job_id = create_flashcards(text_api)
@@ -211,6 +214,7 @@ def test_a_fresh_stream_mid_way_gets_the_text_so_far_then_the_rest(text_api, fak
     assert_contiguous([f for f in events if f['event'] == 'delta'], TEXT)
 
 
+@pytest.mark.slow
 def test_another_users_stream_of_a_job_with_text_is_404(text_api, fake):
     fake.script(json_reply(CARDS, chunks=200, delay_s=CHUNK_DELAY_S))
     job_id = create_flashcards(text_api)
@@ -223,6 +227,7 @@ def test_another_users_stream_of_a_job_with_text_is_404(text_api, fake):
         assert b'cards' not in response.body
 
 
+@pytest.mark.slow
 def test_a_retry_starts_its_text_with_reset(text_api, fake):
     broken = TEXT[:300]
     fake.script(
@@ -277,6 +282,7 @@ def test_a_reconnect_from_an_earlier_attempt_is_told_of_the_reset_and_gets_the_n
     assert [data['text'] for _, data, _, _ in events(None, 0)] == ['xy', 'z']
 
 
+@pytest.mark.slow
 def test_the_text_never_reaches_the_logs(text_api, fake, caplog):
     caplog.set_level(logging.DEBUG)
     fake.script(json_reply(CARDS, chunks=20, delay_s=CHUNK_DELAY_S))

@@ -74,6 +74,7 @@ def test_a_projector_failure_then_success_gives_exactly_one_event(make_engine_rt
     assert terminal_events(job.id) == [(event, '%s:%s' % (event, job.id), 'published')]
 
 
+@pytest.mark.slow
 def test_a_zombie_attempt_leaves_no_event_beside_its_successor_s(engine_rt):
     job = create_job(engine_rt, input={'sleepMs': 2500})  # lock TTL 1.5 s, no heartbeat
     zombie, successor = (ExecutionEngine(engine_rt, name) for name in ('worker-a', 'worker-b'))

@@ -16,6 +16,8 @@ import pytest
 from tests.support.servers import free_port, http, wait_healthy
 from tests.test_api_serve import ROOT
 
+pytestmark = pytest.mark.slow
+
 BOUND_S = 5.0  # generous: "answers promptly", not a latency figure (benchmarks/slow_clients.py)
 
 

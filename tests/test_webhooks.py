@@ -108,6 +108,7 @@ def test_the_readme_verification_is_under_ten_lines():
     assert len(verify) <= 10, verify
 
 
+@pytest.mark.slow
 def test_one_signed_delivery_per_terminal_job_verified_by_the_readme_receiver(
     make_push_api, tmp_path
 ):
@@ -196,6 +197,7 @@ def test_the_body_is_the_job_status_and_a_forged_signature_fails(push_api, recei
     assert not verify(stale, body, secret)  # (and its signature no longer matches either)
 
 
+@pytest.mark.slow
 def test_a_receiver_that_answers_500_twice_gets_the_same_webhook_id_a_third_time(
     push_api, receiver
 ):
@@ -235,6 +237,7 @@ def test_a_delivery_that_keeps_failing_is_dead_then_redelivered_by_an_admin(
     assert (missing.status, missing.error_code) == (404, 'WEBHOOK_DELIVERY_NOT_FOUND')
 
 
+@pytest.mark.slow
 def test_endpoints_filter_by_event_and_job_type_and_a_job_may_carry_its_own_url(
     push_api, make_receiver
 ):
@@ -254,6 +257,7 @@ def test_endpoints_filter_by_event_and_job_type_and_a_job_may_carry_its_own_url(
     assert {item['jobId'] for item in deliveries(push_api)} == {job_id}
 
 
+@pytest.mark.slow
 def test_a_receiver_that_never_answers_does_not_slow_jobs(make_push_api, make_receiver):
     """20 jobs with every endpoint hanging (each attempt holds a sending thread for the whole
     timeout) against 20 jobs with no endpoint: the jobs all finish while no delivery has been
@@ -301,6 +305,7 @@ def shared_push(backend, make_runtime):
     delete_redis_keys(backend.prefix)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_during_a_delivery_leaves_it_to_be_sent_again(shared_push, receiver):
     api = shared_push
     secret = register(api, receiver.url)['secret']
@@ -406,6 +411,7 @@ def test_a_name_that_resolves_elsewhere_at_delivery_time_is_refused_then(
     assert receiver.requests == []
 
 
+@pytest.mark.slow
 def test_a_redirect_is_not_followed(push_api, make_receiver):
     """Even where private targets are allowed, a 3xx is a failed attempt: the Location (here
     the metadata address, served by a second receiver) is never asked."""

@@ -39,6 +39,7 @@ def stop(proc):
 
 
 # ---------------------------------------------------------------- serve, zero configuration
+@pytest.mark.slow
 def test_serve_from_a_clean_directory_delivers_a_signed_webhook_with_only_the_dev_flags(
     tmp_path, receiver
 ):
@@ -126,6 +127,7 @@ def store_with_a_webhook(tmp_path):
     return url
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('command', ['web', 'worker'])
 def test_web_and_worker_refuse_to_start_without_the_key_the_store_needs(tmp_path, command):
     if command == 'worker':
@@ -153,6 +155,7 @@ def test_web_and_worker_refuse_to_start_without_the_key_the_store_needs(tmp_path
 
 
 # ---------------------------------------------------------------- a clean start
+@pytest.mark.slow
 @pytest.mark.parametrize('command', ['serve', 'web', 'worker'])
 def test_no_command_prints_a_warning_when_it_starts(tmp_path, command):
     """gevent patched before anything imported ssl: no MonkeyPatchWarning (nor any other)."""

@@ -1,7 +1,8 @@
 """Test support, one module per kind of fixture (conftest.py loads them as pytest plugins).
 
 - ``tests.support.backends``: the backend pairs (``backend`` fixture), ``require_servers``,
-  ``MYSQL_URL``, ``REDIS_URL``, ``delete_redis_keys``, ``reset_tables``.
+  ``MYSQL_URL`` (this xdist worker's database), ``REDIS_URL``, ``WORKER``, ``delete_redis_keys``,
+  ``reset_tables``.
 - ``tests.support.runtimes``: runtimes on the backend: ``make_runtime``, ``runtime``,
   ``engine_rt`` / ``make_engine_rt`` (fast intervals and fast synthetic definitions),
   ``provider_runtime`` (a platform provider configured, unreachable), ``keyed_runtime`` (that plus a

@@ -4,11 +4,14 @@
 ``mysql-features+redis``) runs against AIJOB_TEST_MYSQL_URL /
 AIJOB_TEST_REDIS_URL (default: the local servers); a missing server skips those cases locally and
 fails them under CI (``CI=true``). Tests never flush a whole Redis: each run has its own prefix.
+Under pytest-xdist each worker uses a database of its own, AIJOB_TEST_MYSQL_URL's name with the
+worker's id appended (``test_gw0``, ``test_gw1``...), created if missing, so that workers never
+empty each other's tables.
 """
 
 import os
 import uuid
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import pymysql
 import pytest
@@ -17,7 +20,19 @@ import redis
 from engine.core.config import Config
 from engine.core.models import MODELS
 
-MYSQL_URL = os.environ.get('AIJOB_TEST_MYSQL_URL', 'mysql://root@127.0.0.1:3306/test')
+WORKER = os.environ.get('PYTEST_XDIST_WORKER', '')  # 'gw0', 'gw1'... under xdist, else ''
+
+
+def worker_url(url):
+    """``url`` with this xdist worker's id appended to its database name (unchanged without
+    xdist)."""
+    if not WORKER:
+        return url
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path='/%s_%s' % (parts.path.strip('/'), WORKER)))
+
+
+MYSQL_URL = worker_url(os.environ.get('AIJOB_TEST_MYSQL_URL', 'mysql://root@127.0.0.1:3306/test'))
 REDIS_URL = os.environ.get('AIJOB_TEST_REDIS_URL', 'redis://127.0.0.1:6379/0')
 IN_CI = os.environ.get('CI', '').lower() in ('1', 'true', 'yes')
 RUN_PREFIX = 'aijob-test-%s' % uuid.uuid4().hex[:8]

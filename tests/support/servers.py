@@ -3,6 +3,7 @@ temporary folder, which the test may stop and start again. The shared servers ar
 touched."""
 
 import json
+import random
 import shutil
 import socket
 import subprocess
@@ -13,13 +14,37 @@ import urllib.request
 import pymysql
 import pytest
 
+from tests.support.backends import WORKER
 from tests.support.wsgi import Response
+
+PORT_BASE, PORT_BLOCK = 10000, 500
+_next_port = []  # this process's last pick, so that it never hands out the same port twice
 
 
 def free_port():
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
+    """A loopback port nobody listens on, for a server the test starts. Each process (an xdist
+    worker: gw0, gw1...) picks from a block of its own below the kernel's ephemeral range (32768
+    and up): two workers never pick the same port, and no outgoing connection can take it
+    between the pick and the server's bind, as one could with a port the kernel lent for
+    ``bind(0)``. Up to 20 workers: a cluster node's bus port (its port + 10000) then lands in
+    20000..29999, above every worker's block and below the ephemeral range."""
+    block = PORT_BASE + _worker_index() * PORT_BLOCK
+    if not _next_port:
+        _next_port.append(random.randrange(PORT_BLOCK))  # plain runs (no xdist) share block 0
+    for _ in range(PORT_BLOCK):
+        _next_port[0] = (_next_port[0] + 1) % PORT_BLOCK
+        port = block + _next_port[0]
+        with socket.socket() as sock:
+            try:
+                sock.bind(('127.0.0.1', port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError('no free port in %d..%d' % (block, block + PORT_BLOCK - 1))
+
+
+def _worker_index():
+    return int(WORKER[2:]) if WORKER.startswith('gw') else 0
 
 
 def http(method, url, token=None, body=None):
@@ -132,9 +157,7 @@ class PrivateRedis:
 
     def __init__(self, folder):
         self.folder = folder
-        self.port = free_port()
-        while self.port >= 55536:
-            self.port = free_port()
+        self.port = free_port()  # below 55536, as a cluster's would need
         self.process = None
 
     @property
@@ -189,21 +212,13 @@ def require_binaries(*names):
         pytest.skip(message)
 
 
-def redis_port():
-    """A free port below 55536 (a cluster node's bus port is its port + 10000)."""
-    port = free_port()
-    while port >= 55536:
-        port = free_port()
-    return port
-
-
 class RedisProcess:
     """One redis-server (or, with ``sentinel=True``, a sentinel) of the test's own, without
     persistence, on a free port; its configuration file lives in ``folder``. ``kill()`` is a
     kill -9; ``start()`` runs it again on the same port."""
 
     def __init__(self, folder, *args, sentinel=False, port=None):
-        self.port = port or redis_port()
+        self.port = port or free_port()  # its bus port: + 10000
         self.folder = folder / ('redis-%d' % self.port)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.args = list(args)
