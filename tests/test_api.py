@@ -771,6 +771,14 @@ def test_usage_with_since_not_before_until_is_an_empty_range(api):
     assert response.status == 200 and response.json['totals'] == []
 
 
+def test_usage_until_the_first_day_there_is_is_an_empty_range_not_a_500(api):
+    """A default ``since`` a day before ``until`` would fall before year 1: it stops there (the
+    fuzz suite found ``until=0001-01-01T00:00:00Z`` answering 500)."""
+    for until in ('0001-01-01T00:00:00Z', '0001-01-01T12:00:00Z', '0001-01-01T00:00:00+14:00'):
+        response = api.admin.get('/admin-api/ai/usage', query={'until': until})
+        assert response.status == 200 and response.json['totals'] == []
+
+
 def test_usage_times_beyond_utc_are_clamped_and_bad_ones_are_400(api):
     response = api.admin.get('/admin-api/ai/usage', query={'until': '9999-12-31T23:59:59-14:00'})
     assert response.status == 200 and response.json['until'].startswith('9999-12-31T23:59:59')

@@ -89,10 +89,16 @@ def usage_query(params, now):
     if group_by not in USAGE_GROUPS:
         raise InvalidRequestError('groupBy must be user or jobType', field='groupBy')
     until = listing.parse_rfc3339(params.get('until'), 'until') or now
-    since = listing.parse_rfc3339(params.get('since'), 'since') or until - datetime.timedelta(
-        days=1
-    )
+    since = listing.parse_rfc3339(params.get('since'), 'since') or _day_before(until)
     return since, until, group_by  # since >= until: an empty range, no totals
+
+
+def _day_before(until):
+    """The default ``since``: a day before ``until``, or the earliest time there is when
+    ``until`` is within a day of it (``until=0001-01-01T00:00:00Z`` is a valid, empty range)."""
+    if until - datetime.datetime.min.replace(tzinfo=until.tzinfo) < datetime.timedelta(days=1):
+        return datetime.datetime.min.replace(tzinfo=until.tzinfo)
+    return until - datetime.timedelta(days=1)
 
 
 def _paths():
