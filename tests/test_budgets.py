@@ -635,6 +635,7 @@ def fifty_rt(make_runtime, fake):
         rt.stop_background(timeout_s=5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', sorted(budget_cases.CASES))
 def test_fifty_jobs_in_one_process_spend_at_most_their_budget_and_none_is_refused_with_room(
     fifty_rt, fake, case

@@ -573,6 +573,7 @@ def test_one_probe_per_interval_ends_or_keeps_the_cooldown_in_redis():
 
 
 # ---------------------------------------------------------------- a one-provider route recovers
+@pytest.mark.slow
 def test_a_one_provider_route_is_used_again_within_a_probe_interval_of_its_recovery(
     make_runtime,
 ):

@@ -300,6 +300,7 @@ def test_the_shared_log_lives_until_its_last_place_could_lapse():
         delete_redis_keys(prefix)
 
 
+@pytest.mark.slow
 def test_every_job_runs_under_the_limit_in_one_process_as_serve_runs_them(
     make_runtime,
     fake,  # noqa: F811
