@@ -62,9 +62,7 @@ class Reaper:
         for name, step in self.steps:
             # Before the hand-overs: the next attempt of a dead worker's job finds the budget
             # that worker's reservation held free again.
-            counts[name] = step()
-            if counts[name]:
-                log_event('reaper.%s' % name, count=counts[name])
+            counts[name] = step()  # the step logs what it released
         for job in self.lifecycle.find_expired_locks(self.reap_after_ms):
             outcome = self._reap(job, queue_up)
             queue_up = queue_up and outcome != 'deferred'

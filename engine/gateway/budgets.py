@@ -39,6 +39,7 @@ from decimal import ROUND_UP, Decimal
 
 from ..core.errors import BudgetExceededError, BudgetExceededFailure, JobDeferred, JobFailure
 from ..core.extension import Extension
+from ..core.logs import log_event
 from ..core.models import AiBudget, AiBudgetSpend, new_id
 from ..core.sql import placeholders, statement
 from ..execution.openai_client import prompt_token_bound_of
@@ -502,7 +503,10 @@ class Budgets:
                 leaked = _reservation_from_row(row)
                 released += self.store.run_in_transaction(lambda tx, r=leaked: self._release(r))
             if len(rows) < RELEASE_BATCH:
-                return released
+                break
+        if released:
+            log_event('reaper.reservations_released', count=released)
+        return released
 
     # -- spend rows
     def _spend(self, budgets, now):
