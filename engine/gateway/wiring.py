@@ -1,7 +1,9 @@
 """How the gateway joins a runtime: ``GatewayExtension`` replaces the AI services' gateway with
 the routed one and puts its guards (cooldowns, then fallback) among the call guards, once the
-job types are loaded. With no provider configured, nothing changes: no guard, the call path as
-it was."""
+job types are loaded. Every OpenAI-compatible provider (AIJOB_PROVIDERS, or the one-provider
+shorthand written as the same config) is built here and only here; the kernel's gateway holds
+the plugins' own providers (synthetic). With no provider configured, nothing changes: no
+guard, the call path as it was, every call costing 0."""
 
 from ..core.extension import Extension
 from .cooldowns import CooldownGuard, open_cooldowns
@@ -22,16 +24,10 @@ class GatewayExtension(Extension):
         if table is None:
             return None
         ai = kernel.ai
-        prices = {
-            (spec.name, model.name): model.price
-            for spec in table.providers.values()
-            for model in spec.models.values()
-            if model.price is not None
-        }
         # The gateway and the prices are the AI services' own parts, replaced once, before any
         # job runs: the plugins registered their providers into the base gateway, which the
-        # routed one keeps.
-        ai.pricing = ai.pricing.with_entries(prices)
+        # routed one keeps. The provider file is where every price comes from.
+        ai.pricing = ai.pricing.with_entries(table.prices())
         cooldowns = open_cooldowns(kernel.config, kernel.redis)
         gateway = RoutedGateway(
             ai.gateway,
