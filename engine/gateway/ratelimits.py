@@ -60,19 +60,6 @@ class Limits:
     rpm: Optional[int] = None
     tpm: Optional[int] = None
 
-    @classmethod
-    def parse(cls, name, value):
-        """``{"rpm": 60, "tpm": 100000}`` (either may be left out); ValueError naming ``name``."""
-        if not isinstance(value, dict) or set(value) - {'rpm', 'tpm'}:
-            raise ValueError('%s: expected {"rpm": N, "tpm": N}' % name)
-        for kind in ('rpm', 'tpm'):
-            number = value.get(kind)
-            if number is not None and (
-                isinstance(number, bool) or not isinstance(number, int) or number < 1
-            ):
-                raise ValueError('%s: %s must be a positive integer' % (name, kind))
-        return cls(value.get('rpm'), value.get('tpm'))
-
     def __bool__(self):
         return bool(self.rpm or self.tpm)
 
