@@ -15,7 +15,7 @@ import pytest
 from engine.core.config import Config
 from engine.core.errors import ConfigError
 from engine.execution.providers import Usage
-from engine.gateway import providers_config
+from engine.gateway import providers_cli, providers_config
 from engine.gateway.providers_config import Entry, Limits
 from engine.runtime import Runtime
 from tests.support.fake_openai import FakeOpenAI, json_reply
@@ -238,12 +238,25 @@ def test_the_old_settings_are_a_one_provider_shorthand():
     assert table.prices() == {} and table.limits() == {}
 
 
+def test_the_shorthand_beside_the_file_stops_start_up():
+    """The file replaces the shorthand: both set, the shorthand would be believed to add a
+    provider the file does not have."""
+    with pytest.raises(ConfigError) as refused:
+        load(json.dumps(example()), AIJOB_PROVIDER_BASE_URL='http://127.0.0.1:9/v1', **KEYS)
+    message = str(refused.value)
+    assert message.startswith('AIJOB_PROVIDER_BASE_URL is set with AIJOB_PROVIDERS')
+    assert '\n' not in message
+
+
 def test_a_provider_without_base_url_prices_and_limits_a_plugins_own(make_runtime):
     """The synthetic provider's calls are priced and limited by the file, never routed."""
     priced = {'price': {'prompt': '1', 'completion': '2', 'per': 1000}, 'limits': {'rpm': 5}}
     raw = {'providers': {'synthetic': {'models': {'synthetic-1': priced}}}}
     table = load(json.dumps(raw))
     assert (table.routes, table.default_route, table.entries()) == ({}, None, [])
+    shown = providers_cli.describe(Config.from_env({'AIJOB_PROVIDERS': json.dumps(raw)}))
+    assert "synthetic  a plugin's own provider" in shown[1]
+    assert shown[-1] == 'routes: none (no provider has a baseUrl)'
     rt = make_runtime(registry=fast_registry(), AIJOB_PROVIDERS=json.dumps(raw))
     definition = rt.registry.get('synthetic')
     provider, model = rt.ai.gateway.route(definition, job=None)

@@ -22,6 +22,9 @@ def describe(config):
         lines.append(_provider(table, spec))
         for model in spec.models.values():
             lines.append('    %s  %s' % (model.name, _model(model)))
+    if table.default_route is None:
+        lines.append('routes: none (no provider has a baseUrl)')
+        return lines
     lines.append('routes (default: %s):' % table.default_route)
     for name, entries in table.routes.items():
         lines.append('  %s: %s' % (name, ' -> '.join(entry.key for entry in entries)))

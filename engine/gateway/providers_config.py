@@ -144,8 +144,14 @@ class ProvidersConfig:
 
 def load(config):
     """The ProvidersConfig of ``config`` (AIJOB_PROVIDERS, else the shorthand), or None when no
-    OpenAI-compatible provider is configured."""
+    OpenAI-compatible provider is configured. Both set is refused: the shorthand would be
+    believed to add a provider the file does not have."""
     if config.providers is not None:
+        if config.provider_base_url:
+            raise ConfigError(
+                '%s is set with %s, which replaces it: name that provider in %s (or unset %s)'
+                % (SHORTHAND, SETTING, SETTING, SHORTHAND)
+            )
         return parse(config.providers, config.provider_read_timeout_ms, _keys(config))
     if config.provider_base_url:
         return shorthand(config)
