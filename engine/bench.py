@@ -48,8 +48,22 @@ DB_SERVER_NAMES = ('mariadbd', 'mysqld')
 # The settings ``--gateway`` adds, in the environment so that the worker process has them too.
 GATEWAY_SETTINGS = {
     'AIJOB_DEFINITIONS': 'engine.jobtypes.synthetic_cached',
-    'AIJOB_PRICE_TABLE': '{"*": {"prompt": "0.27", "completion": "1.10"}}',
-    'AIJOB_RATE_LIMITS': '{"synthetic/synthetic-1": {"rpm": 1000000000, "tpm": 1000000000000}}',
+    # The synthetic provider priced and limited (limits never reached) through the provider
+    # config, the one place prices and limits are said: every guard runs around each call.
+    'AIJOB_PROVIDERS': json.dumps(
+        {
+            'providers': {
+                'synthetic': {
+                    'models': {
+                        'synthetic-1': {
+                            'price': {'prompt': '0.27', 'completion': '1.10'},
+                            'limits': {'rpm': 1_000_000_000, 'tpm': 1_000_000_000_000},
+                        }
+                    }
+                }
+            }
+        }
+    ),
 }
 GATEWAY_BUDGET = ('global', '', 'day', '99999999', 'fail')  # never reached
 

@@ -16,6 +16,7 @@ from engine.jobtypes.flashcards import flashcard_definition
 from engine.jobtypes.synthetic import synthetic_definition
 from tests.support.fake_openai import Reply, error_reply, json_reply
 from tests.support.helpers import create_job, wait_until
+from tests.support.provider_configs import one_provider
 
 CARDS = {
     'cards': [
@@ -48,11 +49,9 @@ def registry():
 def ai_runtime(make_runtime, fake):
     runtime = make_runtime(
         registry=registry(),
-        AIJOB_PROVIDER_BASE_URL=fake.base_url,
-        AIJOB_PROVIDER_MODEL='fake-model',
         AIJOB_PLATFORM_API_KEY=PLATFORM_KEY,
         AIJOB_CREDENTIAL_MASTER_KEY=base64.b64encode(b'm' * 32).decode(),
-        AIJOB_PRICE_TABLE='{"fake-model": {"prompt": "2", "completion": "10", "per": 1000}}',
+        **one_provider(fake.base_url, price={'prompt': '2', 'completion': '10', 'per': 1000}),
         AIJOB_CONTENT_SAFETY_PATTERNS='["forbidden topic"]',
         **FAST,
     )

@@ -1,5 +1,6 @@
 """The AI side built from settings (engine/execution/services.py): bad settings stop start-up;
-the gateway routes to a provider only once one is configured."""
+the kernel's gateway holds the plugins' providers only, and an OpenAI-compatible provider is
+routed by the gateway extension once one is configured."""
 
 import pytest
 
@@ -15,7 +16,6 @@ from engine.jobtypes.flashcards import FLASHCARD_JOB_DEFINITION
     [
         {'AIJOB_CONTENT_SAFETY_PATTERNS': '["(unclosed"]'},
         {'AIJOB_CONTENT_SAFETY_PATTERNS': '"one string"'},
-        {'AIJOB_PRICE_TABLE': '{"m": {"prompt": "-1"}}'},
         {'AIJOB_PROVIDER_BASE_URL': 'ftp://127.0.0.1/v1'},
         {'AIJOB_PROVIDER_MODEL': ''},
     ],
@@ -28,24 +28,37 @@ def test_bad_ai_settings_stop_start_up(env):
     assert next(iter(env)) in str(caught.value)
 
 
-def test_the_gateway_has_only_the_synthetic_provider_until_a_base_url_is_set():
-    bare = build_ai_services(Config.from_env({}), store=None)
-    assert bare.gateway.provider_for(FLASHCARD_JOB_DEFINITION) is None
-    assert not bare.platform_available(FLASHCARD_JOB_DEFINITION)
-    configured = build_ai_services(
-        Config.from_env(
-            {
-                'AIJOB_PROVIDER_BASE_URL': 'http://127.0.0.1:8080/v1',
-                'AIJOB_PROVIDER_MODEL': 'local',
-                'AIJOB_PLATFORM_API_KEY': 'local',
-            }
-        ),
-        store=None,
+def test_the_kernels_gateway_reads_no_provider_setting():
+    settings = Config.from_env(
+        {
+            'AIJOB_PROVIDER_BASE_URL': 'http://127.0.0.1:8080/v1',
+            'AIJOB_PROVIDER_MODEL': 'local',
+            'AIJOB_PLATFORM_API_KEY': 'local',
+        }
     )
-    provider, model = configured.gateway.route(FLASHCARD_JOB_DEFINITION, job=None)
+    for config in (Config.from_env({}), settings):
+        services = build_ai_services(config, store=None)
+        assert [p.key for p in services.gateway.providers()] == []  # the plugins add theirs
+        assert services.gateway.provider_for(FLASHCARD_JOB_DEFINITION) is None
+        assert not services.platform_available(FLASHCARD_JOB_DEFINITION)
+
+
+def test_the_gateway_has_only_the_synthetic_provider_until_a_base_url_is_set(make_runtime):
+    bare = make_runtime()
+    assert bare.ai.gateway.provider_for(FLASHCARD_JOB_DEFINITION) is None
+    assert not bare.ai.platform_available(FLASHCARD_JOB_DEFINITION)
+    configured = make_runtime(
+        AIJOB_PROVIDER_BASE_URL='http://127.0.0.1:8080/v1',
+        AIJOB_PROVIDER_MODEL='local',
+        AIJOB_PLATFORM_API_KEY='local',
+    )
+    provider, model = configured.ai.gateway.route(FLASHCARD_JOB_DEFINITION, job=None)
     assert (provider.key, model, provider.base_url) == (
         'openai',
         'local',
         'http://127.0.0.1:8080/v1',
     )
-    assert configured.platform_available(FLASHCARD_JOB_DEFINITION)
+    assert configured.ai.platform_available(FLASHCARD_JOB_DEFINITION)
+    # One client for the one provider: the routed gateway's, no other built beside it.
+    openai = [p for p in configured.ai.gateway.providers() if p.key == 'openai']
+    assert openai == [provider]

@@ -20,6 +20,7 @@ from tests.support import budget_cases
 from tests.support.backends import require_servers
 from tests.support.fake_openai import json_reply
 from tests.support.helpers import create_job, wait_until
+from tests.support.provider_configs import one_provider
 from tests.support.runtimes import FAST_SETTINGS, PROVIDER_SETTINGS
 
 pytestmark = pytest.mark.slow
@@ -36,11 +37,9 @@ def shared(make_runtime, backend, fake):
     require_servers('mysql', 'redis')
     settings = dict(
         FAST_SETTINGS,
-        AIJOB_PROVIDER_BASE_URL=fake.base_url,
-        AIJOB_PROVIDER_MODEL='m',
         AIJOB_PLATFORM_API_KEY=PROVIDER_SETTINGS['AIJOB_PLATFORM_API_KEY'],
         # One token costs 1: a call's cost is its token count.
-        AIJOB_PRICE_TABLE=budget_cases.PRICES,
+        **one_provider(fake.base_url, model='m', price=budget_cases.PRICE),
         AIJOB_BUDGET_MAX_TOKENS=str(MAX_TOKENS),
         AIJOB_INTERACTIVE_CONCURRENCY='4',
         AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',

@@ -37,13 +37,15 @@ from tests.support import budget_cases
 from tests.support.api import Harness, job_body, run_to_running
 from tests.support.fake_openai import json_reply
 from tests.support.helpers import create_job, run_threads, wait_until
+from tests.support.provider_configs import one_provider
 from tests.support.runtimes import FAST_SETTINGS, PROVIDER_SETTINGS, fast_registry, wait_terminal
 from tests.test_dashboard import board  # noqa: F401
 
 BUDGETS = '/admin-api/ai/budgets'
 JOBS = '/api/ai/jobs'
-# 100 prompt tokens at 1 per 1000 plus 50 completion tokens at 2 per 1000: 0.2 at most.
-PRICES = '{"m": {"prompt": "1", "completion": "2", "per": 1000}}'
+# 100 prompt tokens at 1 per 1000 plus 50 completion tokens at 2 per 1000: 0.2 at most. The
+# model m of the shorthand's provider (openai), never called: the guard is called directly.
+PRICE = {'prompt': '1', 'completion': '2', 'per': 1000}
 MAX_COST = Decimal('0.2')
 
 
@@ -51,7 +53,7 @@ MAX_COST = Decimal('0.2')
 def budget_rt(make_runtime):
     rt = make_runtime(
         registry=fast_registry(),
-        AIJOB_PRICE_TABLE=PRICES,
+        **one_provider('http://127.0.0.1:9/v1', model='m', price=PRICE),
         AIJOB_BUDGET_MAX_TOKENS='50',
         **FAST_SETTINGS,
     )
@@ -465,7 +467,7 @@ def test_no_budget_no_reservation(budget_rt):
     assert call.notes == {} and AiBudgetReservation.select().count() == 0
 
 
-def test_the_maximum_cost_is_the_rendered_prompts_bound_at_the_price_tables_price(budget_rt):
+def test_the_maximum_cost_is_the_rendered_prompts_bound_at_the_configured_price(budget_rt):
     definition = budget_rt.registry.get('synthetic')
     prompts = budget_rt.ai.prompts
     request = SimpleNamespace(
@@ -489,8 +491,9 @@ def test_the_maximum_cost_is_the_rendered_prompts_bound_at_the_price_tables_pric
     assert guard_of(budget_rt).max_cost_micros(call) == int(expected * 10**6)
 
 
-def test_a_route_entrys_price_and_the_price_tables_give_the_same_maximum(budget_rt):
-    """One formula (usage.max_call_cost) whichever price applies: the entry's, else the table's."""
+def test_a_calls_own_price_and_the_configured_price_give_the_same_maximum(budget_rt):
+    """One formula (usage.max_call_cost) whichever price applies: the one the call carries (the
+    route entry's), else the provider config's for its provider and model."""
     table_priced = a_call(running_job(budget_rt))
     entry_priced = replace(
         table_priced, model='unpriced', price=Price(Decimal(1), Decimal(2), 1000)
@@ -563,10 +566,10 @@ def ai_budget_rt(make_runtime, fake):
     registry = fast_registry(flashcard_definition(timeout_ms=10_000, max_retries=2, backoff_ms=20))
     rt = make_runtime(
         registry=registry,
-        AIJOB_PROVIDER_BASE_URL=fake.base_url,
-        AIJOB_PROVIDER_MODEL='m',
         AIJOB_PLATFORM_API_KEY=PROVIDER_SETTINGS['AIJOB_PLATFORM_API_KEY'],
-        AIJOB_PRICE_TABLE='{"m": {"prompt": "1", "completion": "1", "per": 1}}',
+        **one_provider(
+            fake.base_url, model='m', price={'prompt': '1', 'completion': '1', 'per': 1}
+        ),
         AIJOB_BUDGET_MAX_TOKENS='20',
         **FAST_SETTINGS,
     )
@@ -617,10 +620,8 @@ def test_jobs_through_the_engine_spend_at_most_their_budget(ai_budget_rt, fake):
 @pytest.fixture
 def fifty_rt(make_runtime, fake):
     rt = make_runtime(
-        AIJOB_PROVIDER_BASE_URL=fake.base_url,
-        AIJOB_PROVIDER_MODEL='m',
         AIJOB_PLATFORM_API_KEY=PROVIDER_SETTINGS['AIJOB_PLATFORM_API_KEY'],
-        AIJOB_PRICE_TABLE=budget_cases.PRICES,
+        **one_provider(fake.base_url, model='m', price=budget_cases.PRICE),
         AIJOB_BUDGET_MAX_TOKENS=str(budget_cases.MAX_TOKENS),
         AIJOB_INTERACTIVE_CONCURRENCY='8',
         AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',

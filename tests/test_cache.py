@@ -28,6 +28,7 @@ from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
 from tests.support.cached_jobs import CACHED_CARDS
 from tests.support.fake_openai import error_reply, json_reply
 from tests.support.helpers import create_job, wait_until
+from tests.support.provider_configs import one_provider
 from tests.support.worker_processes import Worker
 from tests.test_metrics import parse, value
 
@@ -36,14 +37,20 @@ TEXT = 'Paris is the capital of France.'
 SETTINGS = {
     'AIJOB_PLATFORM_API_KEY': 'sk-platform-cache-1f2e3d4c',
     'AIJOB_CREDENTIAL_MASTER_KEY': base64.b64encode(b'c' * 32).decode(),
-    'AIJOB_PROVIDER_MODEL': 'fake-model',
-    'AIJOB_PRICE_TABLE': '{"fake-model": {"prompt": "2", "completion": "10", "per": 1000}}',
     'AIJOB_LOCK_TTL_MS': '3000',
     'AIJOB_HEARTBEAT_MS': '300',
     'AIJOB_OUTBOX_POLL_MS': '100',
     'AIJOB_SHUTDOWN_GRACE_MS': '3000',
     'AIJOB_INTERACTIVE_CONCURRENCY': '4',
 }
+PRICE = {'prompt': '2', 'completion': '10', 'per': 1000}  # fake-model's
+
+
+def provider(base_url):
+    """The shorthand's provider at ``base_url``, its model priced."""
+    return one_provider(base_url, price=PRICE)
+
+
 USER_TYPE, GLOBAL_TYPE, SHORT_TYPE = 'cards_cached', 'cards_shared', 'cards_short_ttl'
 
 
@@ -82,7 +89,7 @@ def start(make_runtime, fake):
     def make(**settings):
         runtime = make_runtime(
             registry=registry(),
-            AIJOB_PROVIDER_BASE_URL=fake.base_url,
+            **provider(fake.base_url),
             **dict(SETTINGS, **settings),
         )
         runtime.projector = CountingProjector()
@@ -285,9 +292,7 @@ def test_a_failed_call_releases_its_claim_for_the_jobs_waiting(start, fake):
 def test_single_flight_across_guards_on_two_threads(make_runtime):
     """Two workers' guards on one identical call: the first claims, the second waits and is
     answered by the entry the first writes in its transaction."""
-    runtime = make_runtime(
-        registry=registry(), AIJOB_PROVIDER_BASE_URL='http://127.0.0.1:9/v1', **SETTINGS
-    )
+    runtime = make_runtime(registry=registry(), **provider('http://127.0.0.1:9/v1'), **SETTINGS)
     with runtime.store.connection():
         definition = runtime.registry.get(GLOBAL_TYPE)
         owner, waiter = CacheGuard(runtime.store), CacheGuard(runtime.store, poll_s=0.01)
@@ -340,11 +345,9 @@ def fake_call(runtime, definition, job_id):
 def test_no_guard_without_a_cache_policy(make_runtime, fake):
     plain = JobDefinitionRegistry()
     plain.register(flashcard_definition())
-    runtime = make_runtime(registry=plain, AIJOB_PROVIDER_BASE_URL=fake.base_url, **SETTINGS)
+    runtime = make_runtime(registry=plain, **provider(fake.base_url), **SETTINGS)
     assert not any(isinstance(guard, CacheGuard) for guard in runtime.ai.guards)
-    cached_runtime = make_runtime(
-        registry=registry(), AIJOB_PROVIDER_BASE_URL=fake.base_url, **SETTINGS
-    )
+    cached_runtime = make_runtime(registry=registry(), **provider(fake.base_url), **SETTINGS)
     guards = [type(guard) for guard in cached_runtime.ai.guards]
     # first: a hit reserves nothing
     assert guards[0] is CacheGuard and guards.count(CacheGuard) == 1
@@ -370,7 +373,7 @@ def test_identical_jobs_on_two_worker_processes_make_one_provider_call(
     require_servers('redis')
     env = dict(
         SETTINGS,
-        AIJOB_PROVIDER_BASE_URL=fake.base_url,
+        **provider(fake.base_url),
         AIJOB_DEFINITIONS='tests.support.cached_jobs',
         AIJOB_INTERACTIVE_CONCURRENCY='2',
         AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from engine.core.config import Config
 from engine.core.errors import ConfigError
 from engine.execution.providers import Usage
-from engine.gateway import providers_config
+from engine.gateway import providers_cli, providers_config
 from engine.gateway.providers_config import Entry, Limits
 from engine.runtime import Runtime
 from tests.support.fake_openai import FakeOpenAI, json_reply
@@ -133,6 +134,17 @@ def set_in(path, value):
     return change
 
 
+# A provider without baseUrl is a plugin's own: only its models' price and limits.
+PLUGIN = {'models': {'synthetic-1': {'price': {'prompt': '1', 'completion': '2'}}}}
+PLUGIN_WITH_KEY = dict(PLUGIN, apiKeyEnv='TEST_DEEPSEEK_KEY')
+SIZED = {'models': {'synthetic-1': {'context': 4096}}}
+
+
+def route_to_a_plugin(raw):
+    raw['providers']['synthetic'] = PLUGIN
+    raw['routes']['fast'] = ['synthetic/synthetic-1']
+
+
 BAD_ENTRIES = [
     ('providers', set_in(['providers'], {})),
     ('providers.Deep Seek', set_in(['providers', 'Deep Seek'], {'baseUrl': 'http://x'})),
@@ -155,6 +167,14 @@ BAD_ENTRIES = [
         set_in(['providers', 'deepseek', 'models', 'deepseek-chat', 'limits'], {'rpm': 0}),
     ),
     (
+        'providers.deepseek.models.deepseek-chat.limits.rps',
+        set_in(['providers', 'deepseek', 'models', 'deepseek-chat', 'limits'], {'rps': 1}),
+    ),
+    (
+        'providers.deepseek.models.deepseek-chat.limits.tpm',
+        set_in(['providers', 'deepseek', 'models', 'deepseek-chat', 'limits'], {'tpm': True}),
+    ),
+    (
         'providers.deepseek.models.deepseek-chat.context',
         set_in(['providers', 'deepseek', 'models', 'deepseek-chat', 'context'], '64k'),
     ),
@@ -162,6 +182,9 @@ BAD_ENTRIES = [
         'providers.deepseek.models.deepseek-chat.maxTokens',
         set_in(['providers', 'deepseek', 'models', 'deepseek-chat', 'maxTokens'], 70000),
     ),
+    ('providers.synthetic.apiKeyEnv', set_in(['providers', 'synthetic'], PLUGIN_WITH_KEY)),
+    ('providers.synthetic.models.synthetic-1.context', set_in(['providers', 'synthetic'], SIZED)),
+    ('routes.fast[0]', route_to_a_plugin),
     ('routes.fast', set_in(['routes', 'fast'], [])),
     ('routes.fast[0]', set_in(['routes', 'fast'], ['deepseek-chat'])),
     ('routes.fast[1]', set_in(['routes', 'fast'], ['deepseek/deepseek-chat', 'nobody/x'])),
@@ -200,6 +223,55 @@ def test_the_old_settings_are_a_one_provider_shorthand():
     assert [e.key for e in table.routes[table.default_route]] == ['openai/fake-model']
     assert table.key_of('openai') == 'sk-platform-1234567'
     assert providers_config.load(Config.from_env({})) is None
+    # The shorthand says nothing the file it stands for would not: the same config, no price.
+    written = {
+        'providers': {
+            'openai': {
+                'baseUrl': 'http://127.0.0.1:9/v1',
+                'apiKeyEnv': 'AIJOB_PLATFORM_API_KEY',
+                'models': {'fake-model': {}},
+            }
+        }
+    }
+    same = load(json.dumps(written), AIJOB_PLATFORM_API_KEY='sk-platform-1234567')
+    assert replace(table, source=same.source) == same
+    assert table.prices() == {} and table.limits() == {}
+
+
+def test_the_shorthand_beside_the_file_stops_start_up():
+    """The file replaces the shorthand: both set, the shorthand would be believed to add a
+    provider the file does not have."""
+    with pytest.raises(ConfigError) as refused:
+        load(json.dumps(example()), AIJOB_PROVIDER_BASE_URL='http://127.0.0.1:9/v1', **KEYS)
+    message = str(refused.value)
+    assert message.startswith('AIJOB_PROVIDER_BASE_URL is set with AIJOB_PROVIDERS')
+    assert '\n' not in message
+
+
+def test_a_provider_without_base_url_prices_and_limits_a_plugins_own(make_runtime):
+    """The synthetic provider's calls are priced and limited by the file, never routed."""
+    priced = {'price': {'prompt': '1', 'completion': '2', 'per': 1000}, 'limits': {'rpm': 5}}
+    raw = {'providers': {'synthetic': {'models': {'synthetic-1': priced}}}}
+    table = load(json.dumps(raw))
+    assert (table.routes, table.default_route, table.entries()) == ({}, None, [])
+    shown = providers_cli.describe(Config.from_env({'AIJOB_PROVIDERS': json.dumps(raw)}))
+    assert "synthetic  a plugin's own provider" in shown[1]
+    assert shown[-1] == 'routes: none (no provider has a baseUrl)'
+    rt = make_runtime(registry=fast_registry(), AIJOB_PROVIDERS=json.dumps(raw))
+    definition = rt.registry.get('synthetic')
+    provider, model = rt.ai.gateway.route(definition, job=None)
+    assert (provider.key, model) == ('synthetic', 'synthetic-1')
+    assert rt.ai.pricing.cost('synthetic', 'synthetic-1', Usage(1000, 500)) == Decimal('2')
+    [(entry, limits)] = rt.features['rate_limits'].limits.items()
+    assert (entry, limits.rpm, limits.tpm) == ('synthetic/synthetic-1', 5, None)
+
+
+def test_a_provider_without_base_url_that_no_plugin_has_stops_start_up(backend):
+    raw = {'providers': {'synthetik': PLUGIN}}
+    with pytest.raises(ConfigError) as refused:
+        Runtime(backend.config(AIJOB_PROVIDERS=json.dumps(raw)), registry=fast_registry())
+    message = str(refused.value)
+    assert message.startswith('AIJOB_PROVIDERS is invalid: providers.synthetik has no baseUrl')
 
 
 def test_a_definition_naming_an_unknown_route_stops_start_up(backend):

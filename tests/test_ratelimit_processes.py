@@ -6,7 +6,6 @@ by the processes. How close to the limit the calls come (a speed, so never asser
 what benchmarks/ratelimit_rate.py prints."""
 
 import contextlib
-import json
 import time
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from engine.core.models import AiJob, AiJobEvent, AiUsageLog
 from tests.support.fake_openai import fake  # noqa: F401
 from tests.support.helpers import create_job, wait_until
+from tests.support.provider_configs import plugin_provider
 from tests.support.rate_limited import create_jobs, limit_fake, settings
 from tests.support.runtimes import FAST_SETTINGS
 
@@ -80,7 +80,7 @@ def test_a_job_deferred_by_a_worker_killed_9_is_woken_by_another(
 ):
     env = dict(
         FAST_SETTINGS,
-        AIJOB_RATE_LIMITS=json.dumps({'synthetic/synthetic-1': {'rpm': 1}}),
+        **plugin_provider(limits={'rpm': 1}),
         AIJOB_RATE_LIMIT_WINDOW_MS='3000',
         AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',
         AIJOB_DAILY_JOB_QUOTA='0',

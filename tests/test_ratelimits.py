@@ -21,11 +21,11 @@ from engine.gateway.ratelimits import (
     LocalWindow,
     RateLimitGuard,
     RedisWindow,
-    parse_limits,
 )
 from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
 from tests.support.fake_openai import fake  # noqa: F401
 from tests.support.helpers import create_job, wait_until
+from tests.support.provider_configs import plugin_provider
 from tests.support.rate_limited import create_jobs, limit_fake, settings
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 
@@ -177,24 +177,26 @@ def test_tokens_are_reserved_at_their_estimate_and_settled_with_the_usage(make_w
     assert reserve(window, 'c', limits, book=False, tokens=80).wait_ms == 0  # 100 <= 100
 
 
-def test_limits_are_parsed_with_the_entry_named_in_the_error():
-    assert parse_limits({'openai/gpt': {'rpm': 60, 'tpm': 1000}}) == {
-        'openai/gpt': Limits(60, 1000)
-    }
-    with pytest.raises(ConfigError, match='openai/gpt: rpm must be a positive integer'):
-        parse_limits({'openai/gpt': {'rpm': 0}})
-    with pytest.raises(ConfigError, match='not "provider/model"'):
-        parse_limits({'gpt': {'rpm': 1}})
-    with pytest.raises(ConfigError, match='openai/gpt: expected'):
-        parse_limits({'openai/gpt': {'rps': 1}})
-
-
-def test_the_retired_margin_is_refused_at_start_up_with_one_line():
+# Limits are the provider config's models' ``limits`` (tests/test_gateway_providers.py checks
+# their parsing); the settings that said them elsewhere are refused, saying what replaces them.
+@pytest.mark.parametrize(
+    'env,value,says',
+    [
+        ('AIJOB_RATE_LIMIT_MARGIN_MS', '0', 'after its response'),
+        (
+            'AIJOB_RATE_LIMITS',
+            '{"synthetic/synthetic-1": {"rpm": 3}}',
+            '"limits" in AIJOB_PROVIDERS',
+        ),
+        ('AIJOB_PRICE_TABLE', '{"*": {"prompt": "1"}}', '"price" in AIJOB_PROVIDERS'),
+    ],
+)
+def test_a_retired_setting_is_refused_at_start_up_with_one_line(env, value, says):
     with pytest.raises(ConfigError) as refused:
-        Config.from_env({}, AIJOB_RATE_LIMIT_MARGIN_MS='0')
+        Config.from_env({}, **{env: value})
     message = str(refused.value)
-    assert message.startswith('AIJOB_RATE_LIMIT_MARGIN_MS is no longer used: ')
-    assert '\n' not in message and 'after its response' in message
+    assert message.startswith('%s is no longer used: ' % env)
+    assert '\n' not in message and says in message
 
 
 def provider_call(job_id, has_next_entry=False, limits=None, max_tokens=None, model='m'):
@@ -250,7 +252,7 @@ def test_jobs_over_the_limit_wait_their_turn_and_no_window_sees_more_than_the_li
 ):
     rt = make_runtime(
         registry=fast_registry(),
-        AIJOB_RATE_LIMITS='{"synthetic/synthetic-1": {"rpm": 3}}',
+        **plugin_provider(limits={'rpm': 3}),
         AIJOB_RATE_LIMIT_WINDOW_MS='600',
         **FAST_SETTINGS,
     )

@@ -1,5 +1,5 @@
-"""Usage and pricing (engine/execution/usage.py): exact decimal costs from the price table, usage
-rows and their totals per user and per job type."""
+"""Usage and pricing (engine/execution/usage.py): exact decimal costs from the provider config's
+prices, usage rows and their totals per user and per job type."""
 
 import datetime
 import json
@@ -10,39 +10,42 @@ import pytest
 from engine.execution.providers import Usage
 from engine.execution.usage import (
     Price,
-    PriceTableCostCalculator,
+    Pricing,
     call_cost,
     max_call_cost,
-    parse_price_table,
+    parse_price,
     record_usage,
     usage_totals,
 )
 from tests.support.helpers import create_job
 
 # ---------------------------------------------------------------- pricing
-TABLE = (
-    '{"deepseek-chat": {"prompt": "0.27", "completion": "1.10"},'
-    ' "small": {"prompt": 0.1, "completion": 0.2, "per": 1000},'
-    ' "*": {"prompt": "1", "completion": "2"}}'
-)
+# The models' prices as AIJOB_PROVIDERS gives them, by (provider, model).
+PRICES = {
+    'deepseek-chat': {'prompt': '0.27', 'completion': '1.10'},
+    'small': {'prompt': 0.1, 'completion': 0.2, 'per': 1000},
+}
+
+
+def pricing():
+    entries = {('openai', model): parse_price(model, entry) for model, entry in PRICES.items()}
+    return Pricing().with_entries(entries)
 
 
 def test_cost_is_exact_decimal_per_million_tokens_by_default():
-    calc = PriceTableCostCalculator.from_table(json.loads(TABLE))
-    cost = calc.cost('openai', 'deepseek-chat', Usage(1_000_000, 500_000))
+    cost = pricing().cost('openai', 'deepseek-chat', Usage(1_000_000, 500_000))
     assert cost == Decimal('0.820000')
 
 
 def test_prices_may_be_per_thousand_tokens_and_json_floats_stay_exact():
-    calc = PriceTableCostCalculator.from_table(json.loads(TABLE))
-    assert calc.cost('openai', 'small', Usage(3, 3)) == Decimal('0.000900')
+    assert pricing().cost('openai', 'small', Usage(3, 3)) == Decimal('0.000900')
 
 
-def test_an_unlisted_model_uses_the_fallback_or_costs_nothing():
-    assert PriceTableCostCalculator.from_table(json.loads(TABLE)).cost(
-        'x', 'other', Usage(1000, 0)
-    ) == Decimal('0.001000')
-    assert PriceTableCostCalculator.from_table(None).cost('x', 'other', Usage(1000, 1000)) == 0
+def test_a_provider_model_the_config_does_not_price_costs_nothing():
+    # A price is a provider's and a model's: the same model at another provider is unpriced.
+    assert pricing().cost('other', 'deepseek-chat', Usage(1000, 1000)) == 0
+    assert pricing().cost('openai', 'other', Usage(1000, 1000)) == 0
+    assert Pricing().cost('openai', 'deepseek-chat', Usage(1000, 1000)) == 0
 
 
 def test_a_calls_cost_and_its_maximum_are_one_formula():
@@ -71,16 +74,16 @@ def test_a_calls_cost_is_rounded_to_the_stored_places_its_maximum_is_not():
 @pytest.mark.parametrize(
     'text',
     [
-        '[]',
-        '{"m": 1}',
-        '{"m": {"prompt": "x"}}',
-        '{"m": {"prompt": 1, "per": 0}}',
-        '{"m": {"price": 1}}',
+        '1',
+        '{"prompt": "x"}',
+        '{"prompt": 1, "per": 0}',
+        '{"price": 1}',
+        '{"prompt": "-1"}',
     ],
 )
-def test_a_malformed_price_table_is_rejected(text):
+def test_a_malformed_price_is_rejected(text):
     with pytest.raises(ValueError):
-        parse_price_table(json.loads(text))
+        parse_price('m', json.loads(text))
 
 
 def flashcard_job(rt, **kw):

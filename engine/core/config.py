@@ -600,13 +600,6 @@ SETTINGS = (
         'start if the store already holds some. Generate one with: ' + GENERATE_MASTER_KEY,
         secret=True,
     ),
-    Setting(
-        'AIJOB_PRICE_TABLE',
-        '',
-        json_object_or_empty,
-        'JSON prices per model ("*" = any other), e.g. {"deepseek-chat": {"prompt": "0.27", '
-        '"completion": "1.10", "per": 1000000}}. Unset: every call costs 0.',
-    ),
     # ---- the gateway: named providers, routes and cooldowns (docs/architecture.md, decision 17)
     Setting(
         'AIJOB_PROVIDERS',
@@ -615,7 +608,9 @@ SETTINGS = (
         'Named OpenAI-compatible providers, their models (prices, limits, context, maxTokens) '
         'and routes (fallback chains of "provider/model"), as JSON or @PATH to a JSON file; '
         'keys come from the environment variables the file names (README "Providers and '
-        'routes"). Unset: AIJOB_PROVIDER_BASE_URL is the one provider, if set.',
+        'routes"). The only source of prices and rate limits; a provider without baseUrl '
+        "prices and limits a plugin's own (synthetic). Unset: AIJOB_PROVIDER_BASE_URL is the "
+        'one provider, if set, with no price and no limit.',
     ),
     Setting(
         'AIJOB_COOLDOWN_FAILURES',
@@ -663,14 +658,6 @@ SETTINGS = (
         'this x completion price.',
     ),
     # ---- issue 21 item 4: rate limits per provider/model (engine/gateway/ratelimits.py)
-    Setting(
-        'AIJOB_RATE_LIMITS',
-        '',
-        json_object_or_empty,
-        'JSON rate limits per "provider/model", held by every worker together, e.g. '
-        '{"openai/deepseek-chat": {"rpm": 60, "tpm": 100000}}; a job over a limit waits without '
-        'a worker (or moves to the next route entry). Unset: no limits.',
-    ),
     Setting(
         'AIJOB_RATE_LIMIT_WINDOW_MS',
         '60000',
@@ -774,6 +761,11 @@ class Config:
 RETIRED = {
     'AIJOB_RATE_LIMIT_MARGIN_MS': 'a request now counts until one window after its response, '
     'whatever its way to the provider (README "Provider rate limits"); unset it',
+    'AIJOB_PRICE_TABLE': 'prices come from the provider config only: give each model its "price" '
+    "in AIJOB_PROVIDERS (a provider without baseUrl prices a plugin's own, e.g. synthetic)",
+    'AIJOB_RATE_LIMITS': 'limits come from the provider config only: give each model its '
+    '"limits" in AIJOB_PROVIDERS (a provider without baseUrl limits a plugin\'s own, e.g. '
+    'synthetic)',
 }
 
 

@@ -114,7 +114,7 @@ PROVIDER_TOKENS = Family(
 PROVIDER_COST = Family(
     Counter,
     'aijob_provider_cost',
-    'Cost of provider calls in the currency of AIJOB_PRICE_TABLE.',
+    "Cost of provider calls in the currency of the provider config's prices.",
     ('provider', 'model'),
 )
 HTTP_REQUESTS = Family(

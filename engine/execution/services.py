@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError, InvalidRequestError, PlatformUnavailableError
 from .credentials import CredentialResolver, CredentialStore
-from .openai_client import OpenAICompatibleProvider
 from .projectors import ProjectorRegistry
 from .prompts import PromptLibrary, default_library
 from .providers import AiGateway
 from .safety import RegexContentSafety
-from .usage import PriceTableCostCalculator
+from .usage import Pricing
 
 
 @dataclass
@@ -22,7 +21,7 @@ class AiServices:
     gateway: AiGateway
     credentials: CredentialResolver
     safety: RegexContentSafety
-    pricing: PriceTableCostCalculator
+    pricing: Pricing  # every call costs 0 until the gateway adds the provider config's prices
     credential_store: object = None  # CredentialStore: users' keys, register/list/delete
     projectors: ProjectorRegistry = field(default_factory=ProjectorRegistry)
     prompts: PromptLibrary = field(default_factory=default_library)
@@ -65,32 +64,22 @@ class AiServices:
 
 
 def build_ai_services(config, store, guards=None):
-    """The OpenAI-compatible provider when ``AIJOB_PROVIDER_BASE_URL`` is set; stored user keys
-    when a master key is set. Job-type plugins add their own providers, projectors and prompts.
+    """The kernel's AI services: stored user keys when a master key is set, the gateway of the
+    plugins' own providers (the offline synthetic one; job-type plugins add theirs, their
+    projectors and prompts). An OpenAI-compatible provider is the gateway extension's
+    (engine/gateway/wiring.py): this module reads no provider setting.
     ``guards``: the list of call guards the extensions fill (the hook point call_guards)."""
     prompts = default_library()
-    providers = []
-    if config.provider_base_url:
-        providers.append(
-            OpenAICompatibleProvider(
-                config.provider_base_url,
-                config.provider_model,
-                prompts=prompts,
-                read_timeout_s=config.provider_read_timeout_ms / 1000.0,
-            )
-        )
     credential_store = CredentialStore(store, config.credential_master_key)
     return AiServices(
-        gateway=AiGateway(providers, default_provider='synthetic'),
+        gateway=AiGateway(default_provider='synthetic'),
         credentials=CredentialResolver(config.platform_api_key, credential_store),
         safety=_configured(
             'AIJOB_CONTENT_SAFETY_PATTERNS',
             RegexContentSafety.from_list,
             config.content_safety_patterns,
         ),
-        pricing=_configured(
-            'AIJOB_PRICE_TABLE', PriceTableCostCalculator.from_table, config.price_table
-        ),
+        pricing=Pricing(),
         credential_store=credential_store,
         prompts=prompts,
         platform_key_configured=bool(config.platform_api_key),

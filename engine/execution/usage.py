@@ -1,12 +1,9 @@
-"""Usage and cost: the price of a provider call (AiCostCalculatorService) from a configurable
-price table, one ``ai_usage_log`` row per provider call (failed calls included), and the admin
-totals per user or per job type over a time range.
+"""Usage and cost: the price of a provider call (AiCostCalculatorService), one ``ai_usage_log``
+row per provider call (failed calls included), and the admin totals per user or per job type
+over a time range.
 
-``AIJOB_PRICE_TABLE`` is JSON keyed by model (``"*"`` is the fallback), prices as decimal strings
-per ``per`` tokens (default one million), e.g.
-``{"deepseek-chat": {"prompt": "0.27", "completion": "1.10", "per": 1000000}}``. The models of
-``AIJOB_PROVIDERS`` carry their own prices, per provider and model (the gateway hands them in);
-those win over the table.
+Prices come from the provider config only (AIJOB_PROVIDERS' models' ``price``; the gateway hands
+them in as ``Pricing.with_entries``): a call nothing prices costs 0.
 
 A call's cost is computed here only: ``call_cost`` (a price and the call's token counts) for the
 usage row, the metrics and the budgets' settlement, ``max_call_cost`` (a price, the prompt's token
@@ -76,20 +73,6 @@ def _cost(price, prompt_tokens, cached_prompt_tokens, completion_tokens):
     ) / price.per
 
 
-def parse_price_table(raw):
-    """{model: Price} from the parsed JSON object (None: no prices); raises ValueError naming
-    what is wrong."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ValueError('the price table must be a JSON object keyed by model')
-    return {model: _parse_price(model, entry) for model, entry in raw.items()}
-
-
-def _parse_price(model, entry):
-    return parse_price(model, entry)
-
-
 def parse_price(name, entry):
     """A Price from ``{"prompt", "completion", "cachedPrompt"?, "batch"?, "per"?}``; raises
     ValueError starting with ``name``."""
@@ -120,29 +103,20 @@ def _decimal(name, value):
     return number
 
 
-class PriceTableCostCalculator:
-    """The cost of one provider call: the price of its provider and model when the gateway
-    configured one (``entries``: {(provider, model): Price}), else the price table's."""
+class Pricing:
+    """The cost of one provider call: the price the provider config gives its provider and model
+    (``entries``: {(provider, model): Price}); a call nothing prices costs 0."""
 
-    def __init__(self, table, entries=None):
-        self._table = dict(table)
+    def __init__(self, entries=None):
         self._entries = dict(entries or {})
 
-    @classmethod
-    def from_table(cls, raw):
-        return cls(parse_price_table(raw))
-
     def with_entries(self, entries):
-        """This calculator with the prices of ``entries`` ({(provider, model): Price}) added."""
-        return PriceTableCostCalculator(self._table, {**self._entries, **entries})
+        """This pricing with the prices of ``entries`` ({(provider, model): Price}) added."""
+        return Pricing({**self._entries, **entries})
 
     def price(self, provider_key, model):
         """The Price of a call to ``provider_key``/``model``, or None when nothing prices it."""
-        return (
-            self._entries.get((provider_key, model))
-            or self._table.get(model)
-            or self._table.get('*')
-        )
+        return self._entries.get((provider_key, model))
 
     def cost(self, provider_key, model, usage):
         """Decimal cost of one call; a call nothing prices costs 0."""

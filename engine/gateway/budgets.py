@@ -606,7 +606,7 @@ class BudgetGuard(CallGuard):
             prompt_tokens = call.prompt_tokens
         completion_tokens = call.max_tokens or self.max_tokens
         price = call.price
-        if price is None:  # a call no route entry priced: the price table's, if any
+        if price is None:  # a call no route entry priced: the provider config's, if any
             price = self.pricing.price(call.provider_key, call.model)
         return to_micros(max_call_cost(price, prompt_tokens, completion_tokens))
 

@@ -19,16 +19,27 @@ def describe(config):
         ]
     lines = ['providers (from %s):' % table.source]
     for spec in table.providers.values():
-        lines.append(
-            '  %s  %s  key: %s  read timeout %d ms'
-            % (spec.name, spec.base_url, _key(table, spec), spec.read_timeout_ms)
-        )
+        lines.append(_provider(table, spec))
         for model in spec.models.values():
             lines.append('    %s  %s' % (model.name, _model(model)))
+    if table.default_route is None:
+        lines.append('routes: none (no provider has a baseUrl)')
+        return lines
     lines.append('routes (default: %s):' % table.default_route)
     for name, entries in table.routes.items():
         lines.append('  %s: %s' % (name, ' -> '.join(entry.key for entry in entries)))
     return lines
+
+
+def _provider(table, spec):
+    if not spec.routed:
+        return "  %s  a plugin's own provider: priced and limited here, never routed" % spec.name
+    return '  %s  %s  key: %s  read timeout %d ms' % (
+        spec.name,
+        spec.base_url,
+        _key(table, spec),
+        spec.read_timeout_ms,
+    )
 
 
 def _key(table, spec):
@@ -49,7 +60,7 @@ def _model(model):
     ]
     price = model.price
     if price is None:
-        parts.append('price: AIJOB_PRICE_TABLE (or 0)')
+        parts.append('price: none (its calls cost 0)')
     else:
         parts.append(
             'price per %d tokens: prompt %s, completion %s, cached prompt %s, batch %s'
@@ -70,7 +81,7 @@ def check(config):
     if table is None:
         return describe(config), False
     lines, healthy = [], True
-    for spec in table.providers.values():
+    for spec in table.routed():
         client = OpenAICompatibleProvider(
             spec.base_url, next(iter(spec.models)), key=spec.name, read_timeout_s=CHECK_TIMEOUT_S
         )

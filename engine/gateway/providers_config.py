@@ -13,8 +13,14 @@ them, checked once at start-up (docs/architecture.md, decision 17).
 
 A provider names the *environment variable* that holds its key (``apiKeyEnv``), never the key:
 the file can be committed and shown. A route entry is ``provider/model``, split at the first
-slash (OpenRouter's model names have slashes of their own). Without AIJOB_PROVIDERS, the old
-``AIJOB_PROVIDER_BASE_URL``/``AIJOB_PROVIDER_MODEL`` are one provider, ``openai``, on one route.
+slash (OpenRouter's model names have slashes of their own). A provider without ``baseUrl`` is a
+plugin's own (the offline ``synthetic``): the file only prices and limits its models (``price``,
+``limits``), it is never routed. Prices and rate limits come from this file only.
+
+Without AIJOB_PROVIDERS, ``AIJOB_PROVIDER_BASE_URL``/``AIJOB_PROVIDER_MODEL`` (the one-provider
+shorthand) are written as this file's JSON, one provider ``openai`` whose key is
+AIJOB_PLATFORM_API_KEY, and parsed by the same ``parse``: the same config, no price, no limit
+(a one-provider setup that needs either writes AIJOB_PROVIDERS).
 
 A model's ``batch`` sends the ``ai-background`` jobs routed to it through the provider's batch
 API (engine/gateway/batches/); it wins over a definition's own ``batch``, since the operator
@@ -24,7 +30,7 @@ Every error is a ConfigError of one line that names the entry at fault.
 """
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 from urllib.parse import urlsplit
 
@@ -35,12 +41,16 @@ from ..execution.usage import parse_price
 SETTING = 'AIJOB_PROVIDERS'
 SHORTHAND = 'AIJOB_PROVIDER_BASE_URL'
 SHORTHAND_PROVIDER = 'openai'  # the provider key of the one-provider shorthand (and of old rows)
+SHORTHAND_KEY_ENV = 'AIJOB_PLATFORM_API_KEY'
 DEFAULT_ROUTE = 'default'
 NAME_PATTERN = re.compile(r'^[a-z][a-z0-9_.-]{0,63}$')  # providers and routes
 ENV_PATTERN = re.compile(r'^[A-Za-z_][A-Za-z0-9_]{0,127}$')
 MAX_MODEL_CHARS = 128  # ai_usage_log.model
 PROVIDER_FIELDS = {'baseUrl', 'apiKeyEnv', 'readTimeoutMs', 'models'}
 MODEL_FIELDS = {'price', 'limits', 'context', 'maxTokens', 'batch'}
+# A plugin's own provider (no baseUrl): the file prices and limits it, nothing else.
+PLUGIN_PROVIDER_FIELDS = {'models'}
+PLUGIN_MODEL_FIELDS = {'price', 'limits'}
 BATCH_FIELDS = {'maxWaitMs', 'maxJobs'}
 LIMIT_FIELDS = {'rpm', 'tpm'}
 
@@ -56,7 +66,7 @@ class Limits:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    price: object = None  # usage.Price, or None (the price table, if any, prices it)
+    price: object = None  # usage.Price, or None (its calls cost 0)
     limits: Optional[Limits] = None
     context: Optional[int] = None  # the context window in tokens, when known
     max_tokens: Optional[int] = None  # the completion cap sent with each request
@@ -66,10 +76,14 @@ class ModelSpec:
 @dataclass(frozen=True)
 class ProviderSpec:
     name: str
-    base_url: str
+    base_url: Optional[str]  # None: a plugin's own provider, priced and limited, never routed
     api_key_env: Optional[str]  # None: the provider takes no key (a local server)
     read_timeout_ms: int
     models: dict  # name -> ModelSpec, in file order
+
+    @property
+    def routed(self):
+        return self.base_url is not None
 
 
 @dataclass(frozen=True)
@@ -88,7 +102,7 @@ class Entry:
 class ProvidersConfig:
     providers: dict  # name -> ProviderSpec
     routes: dict  # name -> tuple of Entry
-    default_route: str
+    default_route: Optional[str]  # None: no routed provider (only plugins' are priced)
     source: str = SETTING  # the setting it came from (SHORTHAND for the old one)
     keys: dict = field(default_factory=dict, repr=False)  # provider -> its key, or None
 
@@ -96,8 +110,30 @@ class ProvidersConfig:
         return self.providers[entry.provider].models[entry.model]
 
     def entries(self):
-        """Every provider/model, in file order."""
-        return [Entry(p.name, m) for p in self.providers.values() for m in p.models]
+        """Every routed provider/model, in file order."""
+        return [Entry(p.name, m) for p in self.routed() for m in p.models]
+
+    def routed(self):
+        """The OpenAI-compatible providers (those with a baseUrl), in file order."""
+        return [spec for spec in self.providers.values() if spec.routed]
+
+    def prices(self):
+        """{(provider, model): Price} of every model that sets a price."""
+        return {
+            (spec.name, model.name): model.price
+            for spec in self.providers.values()
+            for model in spec.models.values()
+            if model.price is not None
+        }
+
+    def limits(self):
+        """{'provider/model': Limits} of every model that sets limits."""
+        return {
+            '%s/%s' % (spec.name, model.name): model.limits
+            for spec in self.providers.values()
+            for model in spec.models.values()
+            if model.limits is not None
+        }
 
     def key_of(self, provider):
         return self.keys.get(provider)
@@ -108,8 +144,14 @@ class ProvidersConfig:
 
 def load(config):
     """The ProvidersConfig of ``config`` (AIJOB_PROVIDERS, else the shorthand), or None when no
-    OpenAI-compatible provider is configured."""
+    OpenAI-compatible provider is configured. Both set is refused: the shorthand would be
+    believed to add a provider the file does not have."""
     if config.providers is not None:
+        if config.provider_base_url:
+            raise ConfigError(
+                '%s is set with %s, which replaces it: name that provider in %s (or unset %s)'
+                % (SHORTHAND, SETTING, SETTING, SHORTHAND)
+            )
         return parse(config.providers, config.provider_read_timeout_ms, _keys(config))
     if config.provider_base_url:
         return shorthand(config)
@@ -121,23 +163,21 @@ def _keys(config):
 
 
 def shorthand(config):
-    """``AIJOB_PROVIDER_BASE_URL`` and ``AIJOB_PROVIDER_MODEL`` as one provider, ``openai``, whose
-    key is AIJOB_PLATFORM_API_KEY; its prices stay AIJOB_PRICE_TABLE's."""
-    model = ModelSpec(config.provider_model)
-    provider = ProviderSpec(
-        SHORTHAND_PROVIDER,
-        config.provider_base_url,
-        'AIJOB_PLATFORM_API_KEY',
-        config.provider_read_timeout_ms,
-        {model.name: model},
-    )
-    return ProvidersConfig(
-        {provider.name: provider},
-        {DEFAULT_ROUTE: (Entry(provider.name, model.name),)},
-        DEFAULT_ROUTE,
-        source=SHORTHAND,
-        keys={provider.name: config.platform_api_key},
-    )
+    """``AIJOB_PROVIDER_BASE_URL`` and ``AIJOB_PROVIDER_MODEL`` as the AIJOB_PROVIDERS they
+    stand for: one provider, ``openai``, one model, its key in AIJOB_PLATFORM_API_KEY; parsed
+    like the file, so the two cannot say different things."""
+    raw = {
+        'providers': {
+            SHORTHAND_PROVIDER: {
+                'baseUrl': config.provider_base_url,
+                'apiKeyEnv': SHORTHAND_KEY_ENV,
+                'readTimeoutMs': config.provider_read_timeout_ms,
+                'models': {config.provider_model: {}},
+            }
+        }
+    }
+    table = parse(raw, env_keys={SHORTHAND_KEY_ENV: config.platform_api_key or None})
+    return replace(table, source=SHORTHAND)
 
 
 def parse(raw, default_read_timeout_ms=60000, env_keys=None):
@@ -161,7 +201,7 @@ def parse(raw, default_read_timeout_ms=60000, env_keys=None):
         name: env_keys.get(spec.api_key_env) if spec.api_key_env else None
         for name, spec in providers.items()
     }
-    default = DEFAULT_ROUTE if DEFAULT_ROUTE in routes else next(iter(routes))
+    default = DEFAULT_ROUTE if DEFAULT_ROUTE in routes else next(iter(routes), None)
     return ProvidersConfig(providers, routes, default, keys=keys)
 
 
@@ -171,6 +211,8 @@ def _provider(name, entry, default_read_timeout_ms):
     _expect(isinstance(entry, dict), where, 'expected an object')
     if 'apiKey' in entry or 'key' in entry:
         _fail(where, 'a key never goes in this file: name its environment variable in apiKeyEnv')
+    if entry.get('baseUrl') is None:
+        return _plugin_provider(where, name, entry)
     _fields(entry, PROVIDER_FIELDS, where)
     base_url = entry.get('baseUrl')
     parts = urlsplit(base_url) if isinstance(base_url, str) else None
@@ -187,16 +229,29 @@ def _provider(name, entry, default_read_timeout_ms):
     )
     timeout = entry.get('readTimeoutMs', default_read_timeout_ms)
     _expect(_positive(timeout), where + '.readTimeoutMs', 'expected milliseconds above 0')
+    return ProviderSpec(name, base_url.rstrip('/'), key_env, timeout, _models(where, entry))
+
+
+def _plugin_provider(where, name, entry):
+    """A provider without baseUrl: a plugin's own (the synthetic one), whose models' prices and
+    limits the file gives; it has no key, no timeout and no route of the file's."""
+    _fields(entry, PLUGIN_PROVIDER_FIELDS, where)
+    models = _models(where, entry)
+    for model, raw in entry['models'].items():
+        _fields(raw, PLUGIN_MODEL_FIELDS, '%s.models.%s' % (where, model))
+    return ProviderSpec(name, None, None, 0, models)
+
+
+def _models(where, entry):
     models_raw = entry.get('models')
     _expect(
         isinstance(models_raw, dict) and models_raw,
         where + '.models',
         'expected an object naming at least one model',
     )
-    models = {
+    return {
         model: _model('%s.models.%s' % (where, model), model, m) for model, m in models_raw.items()
     }
-    return ProviderSpec(name, base_url.rstrip('/'), key_env, timeout, models)
 
 
 def _model(where, name, entry):
@@ -251,10 +306,11 @@ def _batch(where, raw):
 
 
 def _routes(raw, providers):
-    """The routes; without any, one route ``default`` of every model in file order."""
+    """The routes; without any, one route ``default`` of every routed model in file order (none
+    when only plugins' providers are listed)."""
     if raw is None or raw == {}:
-        entries = tuple(Entry(p.name, m) for p in providers.values() for m in p.models)
-        return {DEFAULT_ROUTE: entries}
+        entries = tuple(Entry(p.name, m) for p in providers.values() if p.routed for m in p.models)
+        return {DEFAULT_ROUTE: entries} if entries else {}
     _expect(isinstance(raw, dict), 'routes', 'expected an object of route name -> entries')
     routes = {}
     for name, chain in raw.items():
@@ -278,6 +334,11 @@ def _entry(where, text, providers):
     _expect(isinstance(text, str) and '/' in text, where, 'expected "provider/model"')
     provider, model = text.split('/', 1)
     _expect(provider in providers, where, 'no provider %r in providers' % provider)
+    _expect(
+        providers[provider].routed,
+        where,
+        "provider %s has no baseUrl: a plugin's provider is priced here, never routed" % provider,
+    )
     _expect(
         model in providers[provider].models,
         where,

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ..core.errors import ConfigError, JobDeferred
+from ..core.errors import JobDeferred
 from ..core.extension import Extension
 from ..core.logs import log_event
 from ..execution.providers import CallGuard, EntryUnavailable
@@ -59,19 +59,6 @@ class Limits:
 
     rpm: Optional[int] = None
     tpm: Optional[int] = None
-
-    @classmethod
-    def parse(cls, name, value):
-        """``{"rpm": 60, "tpm": 100000}`` (either may be left out); ValueError naming ``name``."""
-        if not isinstance(value, dict) or set(value) - {'rpm', 'tpm'}:
-            raise ValueError('%s: expected {"rpm": N, "tpm": N}' % name)
-        for kind in ('rpm', 'tpm'):
-            number = value.get(kind)
-            if number is not None and (
-                isinstance(number, bool) or not isinstance(number, int) or number < 1
-            ):
-                raise ValueError('%s: %s must be a positive integer' % (name, kind))
-        return cls(value.get('rpm'), value.get('tpm'))
 
     def __bool__(self):
         return bool(self.rpm or self.tpm)
@@ -414,8 +401,9 @@ DEFAULT_HOLD_MS = 600_000
 
 
 class RateLimitGuard(CallGuard):
-    """The CallGuard of rate limits. ``limits``: {'provider/model': Limits} from AIJOB_RATE_LIMITS;
-    a call's own ``call.limits`` (the gateway's, from the provider file) win over them."""
+    """The CallGuard of rate limits. ``limits``: {'provider/model': Limits} of the provider
+    config (a plugin's provider's among them); a call's own ``call.limits`` (the gateway's route
+    entry) win over them."""
 
     name = 'rate_limits'
 
@@ -425,11 +413,10 @@ class RateLimitGuard(CallGuard):
 
     @classmethod
     def from_config(cls, config, redis=None, limits=None):
-        """The guard of AIJOB_RATE_LIMITS (plus ``limits`` from elsewhere, by entry) over
+        """The guard of ``limits`` (the provider config's, by entry) over
         AIJOB_RATE_LIMIT_WINDOW_MS; shared in Redis when ``redis`` (a client, or a function
         returning one) is given."""
-        configured = parse_limits(config.rate_limits)
-        configured.update((entry, limits_of(value)) for entry, value in (limits or {}).items())
+        configured = {entry: limits_of(value) for entry, value in (limits or {}).items()}
         window_ms = config.rate_limit_window_ms
         if redis is not None:
             window = RedisWindow(redis, config.redis_prefix, window_ms)
@@ -490,22 +477,8 @@ class RateLimitGuard(CallGuard):
             )
 
 
-def parse_limits(value):
-    """AIJOB_RATE_LIMITS' JSON object ({"provider/model": {"rpm": N, "tpm": N}}) as
-    {entry: Limits}; ConfigError naming the entry."""
-    limits = {}
-    for name, entry in (value or {}).items():
-        if '/' not in name:
-            raise ConfigError('AIJOB_RATE_LIMITS is invalid: %r is not "provider/model"' % name)
-        try:
-            limits[name] = Limits.parse(name, entry)
-        except ValueError as exc:
-            raise ConfigError('AIJOB_RATE_LIMITS is invalid: %s' % exc) from None
-    return limits
-
-
 class RateLimitsExtension(Extension):
-    """Provider rate limits (AIJOB_RATE_LIMITS and the provider file's), held by every worker
+    """Provider rate limits (the provider config's models' ``limits``), held by every worker
     together in the queue's Redis (in the process on the embedded default): the guard last
     among the call guards, so a call refused before books no slot. Off when no limit is set."""
 

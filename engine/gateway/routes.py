@@ -130,7 +130,7 @@ class RoutedGateway(AiGateway):
         self.cooldowns = cooldowns
         self.store = store
         self.default_max_tokens = default_max_tokens
-        for spec in table.providers.values():
+        for spec in table.routed():
             self.add(
                 OpenAICompatibleProvider(
                     spec.base_url,
@@ -145,13 +145,8 @@ class RoutedGateway(AiGateway):
     # ---------------------------------------------------------------- which route
     def entry_limits(self):
         """{'provider/model': Limits} of the provider file's models that set ``limits`` (the
-        rate limits guard holds them)."""
-        return {
-            '%s/%s' % (spec.name, model.name): model.limits
-            for spec in self.table.providers.values()
-            for model in spec.models.values()
-            if model.limits is not None
-        }
+        rate limits guard holds them), a plugin's provider's among them."""
+        return self.table.limits()
 
     def route_entries(self, definition):
         """The entries a job of ``definition`` may use, in order, or None when it is not
@@ -159,10 +154,10 @@ class RoutedGateway(AiGateway):
         table = self.table
         if definition.route is not None:
             return table.routes.get(definition.route)
-        if definition.provider in table.providers:
-            spec = table.providers[definition.provider]
+        spec = table.providers.get(definition.provider)
+        if spec is not None and spec.routed:
             return tuple(Entry(spec.name, model) for model in spec.models)
-        if definition.provider in (None, SHORTHAND_PROVIDER):
+        if definition.provider in (None, SHORTHAND_PROVIDER) and table.default_route is not None:
             return table.routes[table.default_route]
         return None
 

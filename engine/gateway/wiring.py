@@ -1,8 +1,11 @@
 """How the gateway joins a runtime: ``GatewayExtension`` replaces the AI services' gateway with
 the routed one and puts its guards (cooldowns, then fallback) among the call guards, once the
-job types are loaded. With no provider configured, nothing changes: no guard, the call path as
-it was."""
+job types are loaded. Every OpenAI-compatible provider (AIJOB_PROVIDERS, or the one-provider
+shorthand written as the same config) is built here and only here; the kernel's gateway holds
+the plugins' own providers (synthetic). With no provider configured, nothing changes: no
+guard, the call path as it was, every call costing 0."""
 
+from ..core.errors import ConfigError
 from ..core.extension import Extension
 from .cooldowns import CooldownGuard, open_cooldowns
 from .providers_config import load
@@ -22,16 +25,11 @@ class GatewayExtension(Extension):
         if table is None:
             return None
         ai = kernel.ai
-        prices = {
-            (spec.name, model.name): model.price
-            for spec in table.providers.values()
-            for model in spec.models.values()
-            if model.price is not None
-        }
+        _check_plugin_providers(table, ai.gateway)
         # The gateway and the prices are the AI services' own parts, replaced once, before any
         # job runs: the plugins registered their providers into the base gateway, which the
-        # routed one keeps.
-        ai.pricing = ai.pricing.with_entries(prices)
+        # routed one keeps. The provider file is where every price comes from.
+        ai.pricing = ai.pricing.with_entries(table.prices())
         cooldowns = open_cooldowns(kernel.config, kernel.redis)
         gateway = RoutedGateway(
             ai.gateway,
@@ -43,5 +41,21 @@ class GatewayExtension(Extension):
             kernel.config.budget_max_tokens,
         )
         ai.gateway = gateway
-        hooks.call_guards.extend([CooldownGuard(cooldowns), FallbackGuard(gateway, kernel.store)])
+        if table.routed():
+            # Cooldowns and fallback act on route entries: with only a plugin's provider priced
+            # and limited, there is none, and no call pays for them.
+            guards = [CooldownGuard(cooldowns), FallbackGuard(gateway, kernel.store)]
+            hooks.call_guards.extend(guards)
         return gateway
+
+
+def _check_plugin_providers(table, base):
+    """A provider without baseUrl prices and limits a plugin's own: refuse one no plugin has
+    (a typo would price nothing and limit nothing, silently)."""
+    known = {provider.key for provider in base.providers()}
+    for spec in table.providers.values():
+        if not spec.routed and spec.name not in known:
+            raise ConfigError(
+                '%s is invalid: providers.%s has no baseUrl and no plugin provides it '
+                "(plugins' providers: %s)" % (table.source, spec.name, ', '.join(sorted(known)))
+            )

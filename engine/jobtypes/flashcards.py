@@ -124,7 +124,7 @@ FLASHCARDS_V1 = PromptTemplate(
 
 def register(app):
     """The definition, its projector and its prompt; the OpenAI-compatible provider it runs on
-    exists when AIJOB_PROVIDER_BASE_URL is set."""
+    is the gateway's, when AIJOB_PROVIDERS or AIJOB_PROVIDER_BASE_URL configures one."""
     app.add_projector(FlashcardProjector())
     app.add_prompt(FLASHCARDS_V1)
     app.add_job_type(FLASHCARD_JOB_DEFINITION)

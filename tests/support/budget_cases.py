@@ -21,7 +21,7 @@ from engine.execution.openai_client import prompt_token_bound
 from tests.support.fake_openai import json_reply
 
 MAX_TOKENS = 20  # AIJOB_BUDGET_MAX_TOKENS: the shorthand's entry sets no maxTokens
-PRICES = '{"m": {"prompt": "1", "completion": "1", "per": 1}}'
+PRICE = {'prompt': '1', 'completion': '1', 'per': 1}  # model m's, in AIJOB_PROVIDERS
 JOBS = 50
 BUDGET_CALLS = 10
 CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'}]}

@@ -3,10 +3,9 @@ benchmarks/ratelimit_rate.py: a fake provider that answers 429 beyond ``limit`` 
 ``window_s``, the workers' settings that hold that limit in Redis, and the
 flashcard jobs they run. Usable outside pytest (the benchmark imports it)."""
 
-import json
-
 from tests.support.fake_openai import json_reply
 from tests.support.helpers import create_job
+from tests.support.provider_configs import one_provider
 from tests.support.runtimes import FAST_SETTINGS
 
 CARDS = {'cards': [{'question': 'Capital of France?', 'answer': 'Paris'}]}
@@ -29,10 +28,8 @@ def settings(base_url, limit, window_s):
     fast = {k: v for k, v in FAST_SETTINGS.items() if k != 'AIJOB_OUTBOX_LOCK_TTL_MS'}
     return dict(
         fast,
-        AIJOB_PROVIDER_BASE_URL=base_url,
-        AIJOB_PROVIDER_MODEL='fake-model',
         AIJOB_PLATFORM_API_KEY='sk-platform-ratelimit-7f3a',
-        AIJOB_RATE_LIMITS=json.dumps({'openai/fake-model': {'rpm': limit}}),
+        **one_provider(base_url, limits={'rpm': limit}),
         AIJOB_RATE_LIMIT_WINDOW_MS=str(int(window_s * 1000)),
         AIJOB_INTERACTIVE_CONCURRENCY='4',
         AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',
