@@ -47,7 +47,7 @@ RETRY_AFTER = {
 MONEY = {
     'type': 'string',
     'pattern': r'^[0-9]{1,8}(\.[0-9]{1,6})?$',
-    'description': 'A decimal amount in the units of the price table (ai_usage_log.cost).',
+    'description': "A decimal amount in the units of the providers' prices (ai_usage_log.cost).",
 }
 
 
