@@ -470,13 +470,15 @@ def check_rule(cooldowns, advance):
     cooldowns.report(entry, 'c6', FAILED)
     assert cooldowns.acquire(entry, 'c7', ttl) == (True, 0.0)
     cooldowns.report(entry, 'c7', ANSWERED)
-    assert cooldowns.acquire(entry, 'c8', 1000) == (True, 0.0)
-    assert cooldowns.acquire(entry, 'c8b', 1000) == (True, 0.0)
+    # Deadlines of 3 s: the four calls below take milliseconds, however slowly the Redis kind's
+    # real clock runs under load.
+    assert cooldowns.acquire(entry, 'c8', 3000) == (True, 0.0)
+    assert cooldowns.acquire(entry, 'c8b', 3000) == (True, 0.0)
     assert cooldowns.acquire(entry, 'c9', ttl) == (True, 0.0)
     cooldowns.report(entry, 'c9', FAILED)
     # c8 and c8b never report (their worker died): they count until their deadline only
     assert cooldowns.acquire(entry, 'c10', ttl) == (False, 1.0)
-    advance(1.1)
+    advance(3.1)
     assert cooldowns.acquire(entry, 'c10', ttl) == (True, 0.0)
     # a 429 with Retry-After cools the entry down at once, as long as it asks
     assert cooldowns.acquire('p/limited', 'r1', ttl) == (True, 0.0)
@@ -509,29 +511,42 @@ def test_the_cooldown_rule_in_redis():
         delete_redis_keys(prefix)
 
 
-def check_probe(worker_a, worker_b, advance):
+def check_probe(worker_a, worker_b, advance, now):
     """While an entry cools, one call per probe interval goes, from whichever worker asks first;
     its answer ends the cooldown for every worker, its failure keeps it and starts the interval
     again; a probe whose worker died frees the claim at its deadline; no probe goes before a
-    Retry-After has passed. ``worker_a`` and ``worker_b`` share the state (two processes)."""
+    Retry-After has passed. ``worker_a`` and ``worker_b`` share the state (two processes).
+    ``now()`` reads the workers' clock (in seconds): the time a worker gives shrinks by what
+    passed since it was set, so each lower bound allows for that, measured (none on the
+    process kind's clock, which only ``advance`` moves)."""
     entry, ttl = 'p/one', 60000
+
+    def since(moment):  # plus the millisecond a worker reads its clock to
+        return now() - moment + 0.001
+
+    started = now()
     for call_id in ('f1', 'f2', 'f3'):
         assert worker_a.acquire(entry, call_id, ttl) == (True, 0.0)
         left = worker_a.report(entry, call_id, FAILED)
-    assert 59 < left <= 60  # cooling for the whole cooldown
+    assert 60 - since(started) <= left <= 60  # cooling for the whole cooldown
     go, wait_s = worker_b.acquire(entry, 'early', ttl)
-    assert not go and 0.9 < wait_s <= 1.0  # until the first probe's time, not the cooldown's end
+    # until the first probe's time, not the cooldown's end
+    assert not go and 1.0 - since(started) <= wait_s <= 1.0
     advance(1.05)
     assert worker_b.acquire(entry, 'probe-1', ttl) == (True, 0.0)  # the probe: worker b's
     go, wait_s = worker_a.acquire(entry, 'other', ttl)
     assert not go and 0.1 <= wait_s <= 1.0  # one probe at a time: the others follow it closely
-    assert 58 < worker_b.report(entry, 'probe-1', FAILED) <= 60  # a failure keeps the cooldown
+    left = worker_b.report(entry, 'probe-1', FAILED)
+    assert 60 - since(started) <= left <= 60  # a failure keeps the cooldown
+    failed = now()
     go, wait_s = worker_a.acquire(entry, 'other', ttl)
-    assert not go and 0.9 < wait_s <= 1.0  # and starts the interval again
+    assert not go and 1.0 - since(failed) <= wait_s <= 1.0  # and starts the interval again
     advance(1.05)
-    assert worker_a.acquire(entry, 'probe-2', 500) == (True, 0.0)  # its worker dies
+    # Its worker dies. A deadline of 3 s: the next call comes milliseconds later, however
+    # slowly the Redis kind's real clock runs under load.
+    assert worker_a.acquire(entry, 'probe-2', 3000) == (True, 0.0)
     assert worker_b.acquire(entry, 'other', ttl)[0] is False
-    advance(0.6)  # past the dead probe's deadline: the claim is free
+    advance(3.1)  # past the dead probe's deadline: the claim is free
     assert worker_b.acquire(entry, 'probe-3', ttl) == (True, 0.0)
     assert worker_a.acquire(entry, 'other', ttl)[0] is False
     assert worker_b.report(entry, 'probe-3', ANSWERED) == 0.0  # back: over for every worker
@@ -540,10 +555,11 @@ def check_probe(worker_a, worker_b, advance):
     assert worker_b.acquire(entry, 'after-b', ttl) == (True, 0.0)
     # A 429's Retry-After is the provider's own word: no probe before it has passed.
     assert worker_a.acquire('p/asked', 'r1', ttl) == (True, 0.0)
+    asked = now()
     assert worker_a.report('p/asked', 'r1', FAILED, retry_after_s=30) == 30.0
     advance(1.05)
     go, wait_s = worker_b.acquire('p/asked', 'r2', ttl)
-    assert not go and 27 < wait_s <= 29
+    assert not go and 30 - since(asked) <= wait_s <= 29
 
 
 PROBE_POLICY = CooldownPolicy(3, 60000, 60000, probe_ms=1000)
@@ -556,7 +572,7 @@ def test_one_probe_per_interval_ends_or_keeps_the_cooldown_in_the_process():
     def advance(seconds):
         clock.now += seconds
 
-    check_probe(cooldowns, cooldowns, advance)
+    check_probe(cooldowns, cooldowns, advance, clock)
 
 
 def test_one_probe_per_interval_ends_or_keeps_the_cooldown_in_redis():
@@ -565,7 +581,7 @@ def test_one_probe_per_interval_ends_or_keeps_the_cooldown_in_redis():
     clients = [redis.Redis.from_url(REDIS_URL, decode_responses=True) for _ in range(2)]
     try:
         worker_a, worker_b = (RedisCooldowns(PROBE_POLICY, c, prefix) for c in clients)
-        check_probe(worker_a, worker_b, time.sleep)
+        check_probe(worker_a, worker_b, time.sleep, time.monotonic)
     finally:
         for client in clients:
             client.close()

@@ -32,18 +32,47 @@ from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 HOLD_MS = 60_000  # a call's deadline: how long a request with no response may count
 
 
+class ManualClock:
+    """The local kind's clock, moved only by the test: what a test proves of the times a window
+    gives does not depend on how fast this machine runs it."""
+
+    def __init__(self):
+        self._now = 1000.0  # seconds; any start will do
+        self._lock = threading.Lock()
+
+    def now(self):
+        with self._lock:
+            return self._now
+
+    def sleep(self, seconds):
+        with self._lock:
+            self._now += seconds
+
+
+class RealClock:
+    """The Redis kind's: the script reads Redis's own clock, which a test cannot move."""
+
+    now = staticmethod(time.monotonic)
+    sleep = staticmethod(time.sleep)
+
+
 @pytest.fixture(params=['local', 'redis'])
 def make_window(request):
     """``make_window(window_ms, late_ms=LATE_MS)``: a fresh limiter of either kind; each call of
-    the Redis kind is a client of its own (as another process would be), on the same keys."""
+    the Redis kind is a client of its own (as another process would be), on the same keys.
+    ``make_window.clock`` is the windows' clock (``now()`` in seconds, ``sleep(seconds)``): the
+    local kind's is a ManualClock, so its times are exact; the Redis kind's runs on, so its
+    checks allow for the time this test itself spends between calls (measured, not guessed)."""
     if request.param == 'local':
         shared = {}
+        clock = ManualClock()
 
         def make(window_ms, late_ms=LATE_MS):
             if 'window' not in shared:
-                shared['window'] = LocalWindow(window_ms, late_ms)
+                shared['window'] = LocalWindow(window_ms, late_ms, clock=clock.now)
             return shared['window']
 
+        make.clock = clock
         yield make
         return
     require_servers('redis')
@@ -54,10 +83,17 @@ def make_window(request):
         clients.append(redis.Redis.from_url(REDIS_URL, decode_responses=True))
         return RedisWindow(clients[-1], prefix, window_ms, late_ms)
 
+    make.clock = RealClock()
     yield make
     for client in clients:
         client.close()
     delete_redis_keys(prefix)
+
+
+def since_ms(clock, started):
+    """The milliseconds ``clock`` moved since ``started``, rounded up, plus one for the window's
+    own reading of its clock to the millisecond: the most a wait can have shrunk meanwhile."""
+    return int((clock.now() - started) * 1000) + 2
 
 
 def reserve(window, member, limits, book=True, tokens=0, hold_ms=HOLD_MS):
@@ -71,12 +107,14 @@ def slot_of(member):
 def test_no_window_ever_holds_more_than_the_limit_under_concurrent_reservations(make_window):
     limit, window_ms = 25, 400
     windows = [make_window(window_ms) for _ in range(4)]
+    clock = make_window.clock
     admitted, lock = [], threading.Lock()
-    stop_at = time.monotonic() + 1.3
+    stop_at = clock.now() + 1.3
 
     def hammer(i):
         window, n = windows[i % len(windows)], 0
-        while time.monotonic() < stop_at:
+        while clock.now() < stop_at:
+            clock.sleep(0.001)  # time moves on (the local kind's only as the threads move it)
             n += 1
             slot = reserve(window, 't%d-%d' % (i, n), Limits(rpm=limit), book=False)
             if slot.wait_ms == 0:
@@ -97,15 +135,17 @@ def test_no_window_ever_holds_more_than_the_limit_under_concurrent_reservations(
 
 
 def test_a_request_counts_until_a_window_after_its_response_however_late_that_is(make_window):
-    window = make_window(200)
+    window, clock = make_window(200), make_window.clock
     one = Limits(rpm=1)
     first = reserve(window, 'a', one)
     assert first.wait_ms == 0
-    time.sleep(0.4)  # twice the window, and no response yet: the provider may not have it yet
+    clock.sleep(0.4)  # twice the window, and no response yet: the provider may not have it yet
     assert reserve(window, 'b', one).wait_ms > 0
+    settled = clock.now()
     window.settle('p/m', first.member)
-    assert 100 < reserve(window, 'b', one).wait_ms <= 201  # a window from its response
-    time.sleep(0.21)
+    wait_ms = reserve(window, 'b', one).wait_ms
+    assert 201 - since_ms(clock, settled) <= wait_ms <= 201  # a window from its response
+    clock.sleep(0.21)
     assert reserve(window, 'b', one).wait_ms == 0
 
 
@@ -119,20 +159,25 @@ def test_a_request_never_sent_is_released_at_once(make_window):
 
 
 def test_waiting_calls_keep_their_places_in_order_however_late_they_come_back(make_window):
-    window = make_window(300)
+    window, clock = make_window(300), make_window.clock
     two = Limits(rpm=2)
+    started = clock.now()
     for member in ('a', 'b'):
         slot = reserve(window, member, two)
         assert slot.wait_ms == 0
         window.settle('p/m', slot.member)
     c, d, e = (reserve(window, member, two).wait_ms for member in 'cde')
-    # c and d fit when a and b leave (d's time at least a millisecond after c's, as each
-    # place's follows the ones before it), e when c does (bounds loose by 100 ms: a loaded
-    # machine may take that long between the calls).
-    assert 150 <= c <= 300 and c - 5 <= d <= 301 and 200 <= e - c <= 300
+    # c and d fit when a and b leave (a window and a millisecond after their responses; d's
+    # time a millisecond after c's at least, as each place's follows the ones before it), e
+    # when c does. A wait is the time given less the time already past, so each lower bound
+    # allows for the time this test spent since it began (none on the local kind's clock).
+    late = since_ms(clock, started)
+    assert 301 - late <= c <= 301 and c + 1 - late <= d <= 302 and 300 - late <= e - c <= 300
     early = reserve(window, 'c', two)
     assert 0 < early.wait_ms <= c  # too early: it keeps its place and is told the rest
-    time.sleep(e / 1000.0 + 0.5)  # every place's time is long past: all three come back late
+    # Every place's time is past: all three come back late, by far less than LATE_MS (10 s,
+    # after which a place lapses), however slowly the Redis kind's real sleep returns.
+    clock.sleep(e / 1000.0 + 0.1)
     assert reserve(window, 'f', two).wait_ms > 0  # a newcomer queues behind them
     assert reserve(window, 'e', two).wait_ms > 0  # e is behind c and d, who have not come back
     for member in 'cd':
@@ -143,25 +188,32 @@ def test_waiting_calls_keep_their_places_in_order_however_late_they_come_back(ma
 
 
 def test_a_place_whose_call_never_comes_back_lapses_and_one_that_does_is_kept(make_window):
-    window = make_window(100, late_ms=300)
+    # A place lapses ``late_ms`` after its time: 'kept' comes back half of that after its
+    # time, 'gone''s place lapses, and 'kept''s (given anew when it came back) still holds a
+    # fifth of it later. Those margins (1.5 s and 0.6 s) are what a slow real sleep of the
+    # Redis kind may overrun by; the local kind's clock does not run on.
+    late_ms = 3000
+    window, clock = make_window(100, late_ms=late_ms), make_window.clock
     one = Limits(rpm=1)
     window.settle('p/m', reserve(window, 'a', one).member)
     assert reserve(window, 'gone', one).wait_ms > 0  # booked, never back
     assert reserve(window, 'kept', one).wait_ms > 0
-    time.sleep(0.3)
+    clock.sleep(late_ms / 2000.0)
     assert reserve(window, 'kept', one).wait_ms > 0  # back in time, still behind 'gone'
-    time.sleep(0.3)  # past 'gone''s time by more than it may be late: its place lapsed
+    clock.sleep(late_ms * 0.8 / 1000.0)  # past 'gone''s time by more than late_ms: it lapsed
     assert reserve(window, 'kept', one).wait_ms == 0
 
 
 def test_a_place_is_not_booked_for_a_call_that_may_try_another_entry(make_window):
-    window = make_window(300)
+    window, clock = make_window(300), make_window.clock
     one = Limits(rpm=1)
     window.settle('p/m', reserve(window, 'a', one, book=False).member)
+    started = clock.now()
     unbooked = reserve(window, 'b', one, book=False).wait_ms
     booked = reserve(window, 'c', one).wait_ms
-    assert booked == pytest.approx(unbooked, abs=20)  # b took no place: c has the first one
-    assert reserve(window, 'd', one).wait_ms >= booked + 250
+    late = since_ms(clock, started)  # what the waits shrank by meanwhile
+    assert unbooked - late <= booked <= unbooked  # b took no place: c has the first one
+    assert reserve(window, 'd', one).wait_ms >= booked + 300 - since_ms(clock, started)
 
 
 def test_tokens_are_reserved_at_their_estimate_and_settled_with_the_usage(make_window):
@@ -290,10 +342,12 @@ def test_the_shared_log_lives_until_its_last_place_could_lapse():
     try:
         window = RedisWindow(client, prefix, 300)
         first = reserve(window, 'j0', Limits(rpm=1), hold_ms=1000)
+        started = time.monotonic()
         window.settle('p/m', first.member)
         waits = [reserve(window, 'j%d' % i, Limits(rpm=1), hold_ms=1000) for i in range(1, 6)]
         last_ms = waits[-1].wait_ms
-        assert last_ms >= 1150  # five places booked one window apart
+        # Five places booked one window apart, less the time these calls took.
+        assert last_ms >= 5 * 300 + 1 - since_ms(RealClock, started)
         reserve(window, 'late-comer', Limits(rpm=1), book=False, hold_ms=1000)
         for key in window.keys('p/m'):
             assert client.pttl(key) >= last_ms + LATE_MS  # the last place's time, and its lateness
