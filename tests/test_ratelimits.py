@@ -15,9 +15,9 @@ from engine.core.config import Config
 from engine.core.errors import ConfigError
 from engine.core.models import AiJob, AiJobEvent
 from engine.execution.providers import EntryUnavailable, ProviderCall, ProviderRequest, Usage
+from engine.gateway.providers_config import Limits
 from engine.gateway.ratelimits import (
     LATE_MS,
-    Limits,
     LocalWindow,
     RateLimitGuard,
     RedisWindow,
@@ -286,14 +286,14 @@ def test_the_guard_moves_a_call_on_or_books_its_place_and_settles_its_tokens():
     guard.after(first, Usage(10, 5), None)
     assert log.total == 15
     # A call a later guard stopped (never sent) stops counting at once.
-    unsent = provider_call('job-7', model='q', limits={'rpm': 1})
+    unsent = provider_call('job-7', model='q', limits=Limits(rpm=1))
     assert guard.before(unsent) is None and len(window._logs['p/q'].counted) == 1
     guard.after(unsent, None, EntryUnavailable(1.0, 'budget', {}))
     assert window._logs['p/q'].counted == {}
     # A call's own limits (the provider file's) count as the setting's do; no limit, no count.
-    assert guard.before(provider_call('job-4', limits={'rpm': 1}, model='n')) is None
+    assert guard.before(provider_call('job-4', limits=Limits(rpm=1), model='n')) is None
     with pytest.raises(EntryUnavailable):
-        guard.before(provider_call('job-5', limits={'rpm': 1}, model='n'))
+        guard.before(provider_call('job-5', limits=Limits(rpm=1), model='n'))
     assert guard.before(provider_call('job-6', model='free')) is None
     assert set(window._logs) == {'p/m', 'p/n', 'p/q'}
 

@@ -57,10 +57,14 @@ LIMIT_FIELDS = {'rpm', 'tpm'}
 
 @dataclass(frozen=True)
 class Limits:
-    """A provider/model's rate limits: requests and tokens per minute (None: no limit)."""
+    """A provider/model's rate limits: requests and tokens per window (AIJOB_RATE_LIMIT_WINDOW_MS,
+    a minute by default; None: no limit of that kind)."""
 
     rpm: Optional[int] = None
     tpm: Optional[int] = None
+
+    def __bool__(self):
+        return bool(self.rpm or self.tpm)
 
 
 @dataclass(frozen=True)

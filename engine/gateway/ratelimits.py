@@ -33,7 +33,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 from ..core.errors import JobDeferred
 from ..core.extension import Extension
@@ -51,27 +50,6 @@ _TRIM_BATCH = 500
 # restart) keeps its place. One much later (its process died and another's dispatcher pushed it)
 # queues again, once.
 LATE_MS = 10_000
-
-
-@dataclass(frozen=True)
-class Limits:
-    """A provider/model's limits: requests and tokens per window (None: no limit of that kind)."""
-
-    rpm: Optional[int] = None
-    tpm: Optional[int] = None
-
-    def __bool__(self):
-        return bool(self.rpm or self.tpm)
-
-
-def limits_of(value):
-    """Limits from ``call.limits`` as the gateway gives them: a Limits, an object with ``rpm`` and
-    ``tpm`` attributes, a dict, or None."""
-    if value is None or isinstance(value, Limits):
-        return value
-    if isinstance(value, dict):
-        return Limits(value.get('rpm'), value.get('tpm'))
-    return Limits(getattr(value, 'rpm', None), getattr(value, 'tpm', None))
 
 
 @dataclass(frozen=True)
@@ -416,7 +394,7 @@ class RateLimitGuard(CallGuard):
         """The guard of ``limits`` (the provider config's, by entry) over
         AIJOB_RATE_LIMIT_WINDOW_MS; shared in Redis when ``redis`` (a client, or a function
         returning one) is given."""
-        configured = {entry: limits_of(value) for entry, value in (limits or {}).items()}
+        configured = dict(limits or {})
         window_ms = config.rate_limit_window_ms
         if redis is not None:
             window = RedisWindow(redis, config.redis_prefix, window_ms)
@@ -425,7 +403,7 @@ class RateLimitGuard(CallGuard):
         return cls(window, configured)
 
     def limits_for(self, call):
-        return limits_of(call.limits) or self.limits.get(call.entry_key)
+        return call.limits or self.limits.get(call.entry_key)
 
     def before(self, call):
         limits = self.limits_for(call)
