@@ -379,30 +379,20 @@ def prompt_token_bound(messages):
     return total
 
 
-def prompt_token_bound_of(provider, request):
-    """``prompt_token_bound`` of ``request`` as ``provider`` would render it (what budgets
-    reserve), or None for a provider without templates, or a prompt that cannot render (the
-    call itself then reports it)."""
+def prompt_measures(provider, request):
+    """(estimate, bound) of the prompt ``provider`` would send for ``request``, from one
+    rendering: the estimate at 4 characters a token (what rate limits reserve, as providers'
+    own limits count) and ``prompt_token_bound`` (what budgets reserve). (0, None) for a
+    provider without templates, or a prompt that cannot render (the call itself then reports
+    it)."""
     prompts = getattr(provider, 'prompts', None)
     if prompts is None:
-        return None
+        return 0, None
     try:
-        return prompt_token_bound(prompts.render(request))
-    except Exception:  # noqa: BLE001 - reported by the call, not by its bound
-        return None
-
-
-def estimate_prompt_tokens(provider, request):
-    """The prompt tokens of ``request`` as ``provider`` would render it, 4 characters a token
-    (what rate limits reserve, as providers' own limits estimate); 0 for a provider without
-    templates, or a prompt that cannot render (the call itself then reports it)."""
-    prompts = getattr(provider, 'prompts', None)
-    if prompts is None:
-        return 0
-    try:
-        return estimate_tokens(prompts.render(request))
-    except Exception:  # noqa: BLE001 - reported by the call, not by its estimate
-        return 0
+        messages = prompts.render(request)
+    except Exception:  # noqa: BLE001 - reported by the call, not by its measures
+        return 0, None
+    return estimate_tokens(messages), prompt_token_bound(messages)
 
 
 def _with_usage(failure, usage):

@@ -126,6 +126,7 @@ class ProviderCall:
     # What the gateway knows of the route entry (None or 0 where nothing is configured):
     max_tokens: Optional[int] = None  # the completion cap sent with the request
     prompt_tokens: int = 0  # the estimated prompt tokens of the rendered request
+    prompt_token_bound: Optional[int] = None  # the most they can count (openai_client)
     price: object = None  # usage.Price of this provider/model
     limits: object = None  # the entry's rate limits (rpm, tpm), or None
     has_next_entry: bool = False  # may the route move on to another entry?

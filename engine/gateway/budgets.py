@@ -42,7 +42,7 @@ from ..core.extension import Extension
 from ..core.logs import log_event
 from ..core.models import AiBudget, AiBudgetSpend, new_id
 from ..core.sql import placeholders, statement
-from ..execution.openai_client import prompt_token_bound_of
+from ..execution.openai_client import prompt_measures
 from ..execution.providers import CallGuard
 from ..execution.usage import max_call_cost
 from .batches.items import OPEN_STATES as OPEN_ITEM_STATES
@@ -601,7 +601,9 @@ class BudgetGuard(CallGuard):
         """The most the call can cost: its prompt's token bound at the prompt price plus its
         max_tokens at the completion price (a provider without templates: the prompt tokens
         its gateway estimated)."""
-        prompt_tokens = prompt_token_bound_of(call.provider, call.request)
+        prompt_tokens = call.prompt_token_bound  # the routed gateway's, from its one rendering
+        if prompt_tokens is None:
+            prompt_tokens = prompt_measures(call.provider, call.request)[1]
         if prompt_tokens is None:
             prompt_tokens = call.prompt_tokens
         completion_tokens = call.max_tokens or self.max_tokens

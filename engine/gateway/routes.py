@@ -27,7 +27,7 @@ from ..core import history
 from ..core.errors import ConfigError
 from ..core.history import NewEvent, insert_events
 from ..core.logs import log_event
-from ..execution.openai_client import OpenAICompatibleProvider, estimate_prompt_tokens
+from ..execution.openai_client import OpenAICompatibleProvider, prompt_measures
 from ..execution.providers import AiGateway, CallGuard, Credential, ProviderCall
 from .providers_config import SHORTHAND_PROVIDER, Entry
 
@@ -243,6 +243,7 @@ class RoutedGateway(AiGateway):
             credential=self._credential(request.credential, entry.provider),
         )
         provider = self._providers[entry.provider]
+        prompt_tokens, prompt_token_bound = prompt_measures(provider, request)  # one rendering
         call = ProviderCall(
             job=attempt.job,
             definition=attempt.definition,
@@ -251,7 +252,8 @@ class RoutedGateway(AiGateway):
             model=entry.model,
             call_no=request.attempt,
             max_tokens=max_tokens,
-            prompt_tokens=estimate_prompt_tokens(provider, request),
+            prompt_tokens=prompt_tokens,
+            prompt_token_bound=prompt_token_bound,
             price=self.pricing.price(entry.provider, entry.model),
             limits=spec.limits,
             has_next_entry=state.has_next(index),
