@@ -260,3 +260,26 @@ def test_an_oversized_body_sent_whole_before_reading_gets_its_413_every_time(ser
     assert answers == [(413, 'PAYLOAD_TOO_LARGE')] * 20
     # The lingering closes held nothing up: the server answers the next request.
     assert http('GET', base + '/healthz').status == 200
+
+
+def test_a_client_that_writes_its_oversized_body_after_the_413_can_still_send_it_all(serve):
+    """The lingering close, without luck: the client waits until the 413 has arrived and only
+    then writes its 3 MB body. The server's answer says it closes (before this change it said
+    keep-alive and read the body as the next request, closing on it while urllib still wrote);
+    it reads and drops the whole body (a hard close would reset the connection under the
+    write), then closes, and the client reads its 413 to the end. It passes whatever the
+    timing, where the test above needs the race to go wrong to fail."""
+    base, port, token, _ = serve()
+    size = 3 << 20
+    sock = socket.create_connection(('127.0.0.1', port), timeout=30)
+    head = (
+        'POST /api/ai/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n'
+        'Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n' % (token, size)
+    )
+    sock.sendall(head.encode('latin-1'))
+    readable, _, _ = select.select([sock], [], [], 30)
+    assert readable  # the 413 came before any of the body
+    sock.sendall(b'x' * size)  # raises BrokenPipeError / ConnectionResetError on a hard close
+    status, headers, body = read_answer(sock)
+    assert status == 413 and 'connection: close' in headers
+    assert json.loads(body)['error']['code'] == 'PAYLOAD_TOO_LARGE'
