@@ -36,17 +36,7 @@ from tests.support.backends import REDIS_URL, RUN_PREFIX, delete_redis_keys, req
 from tests.support.dashboard import FormClient
 from tests.support.fake_openai import FakeOpenAI, Reply, error_reply, json_reply
 from tests.support.helpers import create_job, wait_until
-from tests.support.provider_outage import (
-    LONG_COOLDOWN_MS,
-    OUTAGE_S,
-    PROBE_MS,
-    RECOVERY_JOBS,
-    allowed_probes,
-    outage,
-    probes_during,
-    recovery_settings,
-    wait_recovered,
-)
+from tests.support.provider_outage import recover_through_outage, recovery_settings
 from tests.support.routed_jobs import routed_definition
 from tests.support.runtimes import FAST_SETTINGS, MASTER_KEY, fast_registry, wait_terminal
 
@@ -599,21 +589,6 @@ def test_a_one_provider_route_is_used_again_within_a_probe_interval_of_its_recov
         rt = make_runtime(registry=fast_registry(patient), **recovery_settings(fake))
         with rt.store.connection():
             rt.start_background()
-            started, back = outage(fake)
-            jobs = [
-                create_job(rt, job_type='routed', user_id='u%d' % i) for i in range(RECOVERY_JOBS)
-            ]
-            elapsed = wait_recovered(jobs, started)
-            back.join()
-            failed = AiUsageLog.select().where(AiUsageLog.error_code.is_null(False)).count()
-            assert rt.ai.gateway.cooldown_state() == {'a/m': 0}  # the probe ended it, for all
-        probes = probes_during(fake, started)
-        print(
-            'one-provider route, down %.0f s, probe every %d ms, cooldown %d ms: %d jobs '
-            'succeeded by %.1f s; %d failed calls, %d of them probes'
-            % (OUTAGE_S, PROBE_MS, LONG_COOLDOWN_MS, len(jobs), elapsed, failed, probes)
-        )
-        # The outage cost the threshold's calls plus at most one probe per interval.
-        assert probes <= allowed_probes()
+        recover_through_outage(rt, fake, 'in one process')
     finally:
         fake.stop()

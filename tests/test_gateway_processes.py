@@ -12,17 +12,7 @@ import pytest
 from engine.core.models import AiJobEvent, AiUsageLog
 from tests.support.fake_openai import FakeOpenAI, error_reply, json_reply
 from tests.support.helpers import create_job
-from tests.support.provider_outage import (
-    LONG_COOLDOWN_MS,
-    OUTAGE_S,
-    PROBE_MS,
-    RECOVERY_JOBS,
-    allowed_probes,
-    outage,
-    probes_during,
-    recovery_settings,
-    wait_recovered,
-)
+from tests.support.provider_outage import recover_through_outage, recovery_settings
 from tests.support.routed_jobs import routed_definition
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 
@@ -125,22 +115,7 @@ def test_two_workers_use_a_one_provider_route_again_within_a_probe_interval_of_i
         )
         rt = make_runtime(registry=fast_registry(routed_definition(max_retries=10)), **settings)
         workers = [spawn(backend.env(**settings)) for _ in range(2)]
-        with rt.store.connection():
-            started, back = outage(fake)
-            jobs = [
-                create_job(rt, job_type='routed', user_id='u%d' % i) for i in range(RECOVERY_JOBS)
-            ]
-            elapsed = wait_recovered(jobs, started)
-            back.join()
-            failed = AiUsageLog.select().where(AiUsageLog.error_code.is_null(False)).count()
-            assert rt.ai.gateway.cooldown_state() == {'a/m': 0}  # the probe ended it, for all
-        probes = probes_during(fake, started)
-        print(
-            'one-provider route over 2 workers, down %.0f s, probe every %d ms, cooldown %d ms: '
-            '%d jobs succeeded by %.1f s; %d failed calls, %d of them probes'
-            % (OUTAGE_S, PROBE_MS, LONG_COOLDOWN_MS, len(jobs), elapsed, failed, probes)
-        )
-        assert probes <= allowed_probes()  # one per interval, whichever worker claimed it
+        recover_through_outage(rt, fake, 'over 2 workers')
         assert all(w.proc.poll() is None for w in workers)
     finally:
         fake.stop()

@@ -8,9 +8,9 @@ import json
 import threading
 import time
 
-from engine.core.models import AiJob
+from engine.core.models import AiJob, AiUsageLog
 from tests.support.fake_openai import error_reply, json_reply
-from tests.support.helpers import wait_until
+from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS
 
 OUTAGE_S, PROBE_MS, LONG_COOLDOWN_MS = 5.0, 2000, 60000
@@ -81,3 +81,26 @@ def probes_during(fake, started):
 def allowed_probes():
     """One probe per interval during the outage."""
     return int(OUTAGE_S * 1000 // PROBE_MS)
+
+
+def recover_through_outage(rt, fake, where):
+    """The scenario both tests run, with ``rt``'s jobs run ``where`` (a phrase for the printed
+    figures): the provider goes down, RECOVERY_JOBS jobs of type ``routed`` are created, each
+    succeeds within the outage, one probe interval and a second, the probe's success ends the
+    cooldown for every process, and the outage cost at most one probe per interval."""
+    with rt.store.connection():
+        started, back = outage(fake)
+        jobs = [create_job(rt, job_type='routed', user_id='u%d' % i) for i in range(RECOVERY_JOBS)]
+        elapsed = wait_recovered(jobs, started)
+        back.join()
+        failed = AiUsageLog.select().where(AiUsageLog.error_code.is_null(False)).count()
+        assert rt.ai.gateway.cooldown_state() == {'a/m': 0}  # the probe ended it, for all
+    probes = probes_during(fake, started)
+    print(
+        'one-provider route %s, down %.0f s, probe every %d ms, cooldown %d ms: %d jobs '
+        'succeeded by %.1f s; %d failed calls, %d of them probes'
+        % (where, OUTAGE_S, PROBE_MS, LONG_COOLDOWN_MS, len(jobs), elapsed, failed, probes)
+    )
+    # The outage cost the threshold's calls plus at most one probe per interval, whichever
+    # worker claimed it.
+    assert probes <= allowed_probes()
