@@ -464,7 +464,7 @@ class RateLimitsExtension(Extension):
 
     def install(self, kernel, hooks, features):
         gateway = features.get('gateway')
-        limits = gateway.entry_limits() if gateway is not None else {}
+        limits = gateway.table.limits() if gateway is not None else {}
         guard = RateLimitGuard.from_config(kernel.config, kernel.redis, limits)
         if not guard.limits:
             return None

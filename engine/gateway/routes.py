@@ -143,11 +143,6 @@ class RoutedGateway(AiGateway):
             )
 
     # ---------------------------------------------------------------- which route
-    def entry_limits(self):
-        """{'provider/model': Limits} of the provider file's models that set ``limits`` (the
-        rate limits guard holds them), a plugin's provider's among them."""
-        return self.table.limits()
-
     def route_entries(self, definition):
         """The entries a job of ``definition`` may use, in order, or None when it is not
         routed (its provider is a plugin's own)."""
