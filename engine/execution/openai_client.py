@@ -48,6 +48,12 @@ class OpenAICompatibleProvider(Provider):
         # One client (and connection pool) per provider; each call sets its own key and timeout.
         # max_retries=0: a retry here would hide failures from the engine's retry policy.
         self._client = openai.OpenAI(api_key='unset', base_url=base_url, max_retries=0)
+        # The package imports a chat call's modules (resources, stream types) at the client's
+        # first use of ``chat.completions``. Done here, once, in the thread that builds the
+        # gateway: two job threads making their first calls at once could each meet a module
+        # the other was still importing, and pydantic then leaves a model unbuilt
+        # (PydanticUserError in the stream; CI saw two calls fail INTERNAL_PROVIDER_ERROR so).
+        self._client.chat.completions  # noqa: B018 - the access imports them
 
     def generate(self, request, ctx):
         if not request.credential.api_key and self.needs_api_key:
