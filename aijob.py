@@ -13,13 +13,13 @@ would be shared by every greenlet). So this module imports nothing of the engine
 import argparse
 import sys
 
-# The commands that serve through gunicorn's gevent worker (engine/http/server.py).
+# The commands that serve through gunicorn's gevent worker (engine/server.py).
 GEVENT_COMMANDS = ('serve', 'web')
 
 
 def patch_for_gevent(argv):
     """Before any other import: patch the standard library for gevent when the command serves
-    with it (the worker class of engine/http/server.py then leaves it as it is). Not aggressive:
+    with it (the worker class of engine/server.py then leaves it as it is). Not aggressive:
     that would also remove ``select.epoll``, which trio (imported by the OpenAI client's HTTP
     stack) needs to define itself; nothing here ever waits on it."""
     if argv[:1] and argv[0] in GEVENT_COMMANDS:
@@ -152,13 +152,13 @@ def token_args(parser):
 
 
 def cmd_web(config, args):
-    from engine.http.server import run_web
+    from engine.server import run_web
 
     run_web(config, args.host, args.port or config.port, args.workers or config.web_workers)
 
 
 def cmd_serve(config, args):
-    from engine.http.server import run_serve
+    from engine.server import run_serve
 
     run_serve(config, args.host, args.port or config.port)
 

@@ -1,5 +1,5 @@
 """The floor for the status GET (issue 9, item 5): a bare bottle app under gunicorn with the same
-settings ``python aijob.py web`` uses (``engine.http.server.gunicorn_options``: the gevent worker
+settings ``python aijob.py web`` uses (``engine.server.gunicorn_options``: the gevent worker
 class, the same worker connections, keep-alive and timeouts, and the standard library patched
 for gevent before anything is imported, as aijob.py does), answering ``GET /job/<id>``
 with one primary-key read of ``ai_job`` through pymysql on a connection taken from a per-process
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from engine.core.config import Config  # noqa: E402
 from engine.core.logs import configure as configure_logging  # noqa: E402
 from engine.core.store import LOOPBACK_HOSTS  # noqa: E402
-from engine.http.server import gunicorn_options  # noqa: E402
+from engine.server import gunicorn_options  # noqa: E402
 
 QUERY = 'SELECT * FROM ai_job WHERE id = %s'
 

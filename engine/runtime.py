@@ -15,6 +15,7 @@ from .core.history import JobHistory
 from .core.lifecycle import AiJobLifecycleRepository
 from .core.logs import configure as configure_logging
 from .core.logs import log_event
+from .core.models import MODELS
 from .core.outbox import OutboxRepository
 from .core.registry import JobDefinitionRegistry
 from .core.service import AiJobService, PushNow
@@ -64,9 +65,11 @@ class Runtime:
     that move jobs (started by ``start_background`` in worker and serve processes).
 
     ``registry``, when given, replaces the plugins' job definitions (tests use variants with
-    short backoffs); the plugins' providers, projectors and prompts are loaded all the same."""
+    short backoffs); the plugins' providers, projectors and prompts are loaded all the same.
+    ``extensions``: the features to install, in order (engine/extensions.py's tuple unless a
+    test says otherwise)."""
 
-    def __init__(self, config, role='cli', registry=None):
+    def __init__(self, config, role='cli', registry=None, extensions=INSTALLED):
         self.config = config
         self.instance_id = instance_id(role)
         # The extensions' hook points (engine/core/extension.py): the kernel's parts are built
@@ -116,7 +119,7 @@ class Runtime:
             outbox=self.outbox,
             redis=_LazyRedis(self.queue) if config.uses_redis else None,
         )
-        self.features = install_extensions(kernel, self.hooks, INSTALLED)
+        self.features = install_extensions(kernel, self.hooks, extensions)
         self.ai.gateway.check_definitions(self.registry.get_all())
         # The live text of running provider calls: the worker's pump writes it to the channel,
         # the web tier's job streams read it (architecture decision 15).
@@ -176,8 +179,14 @@ class Runtime:
         return self.hooks.leader_steps
 
     def create_schema(self):
-        """Every table: the engine's, then the job-type plugins' own."""
-        self.store.create_schema(extra_models=self.plugins.models)
+        """Every table: the kernel's, the features', then the job-type plugins' own."""
+        self.store.create_schema(extra_models=self.plugins.models, tables=self.hooks.tables)
+
+    @property
+    def models(self):
+        """Every model of this runtime's tables: the kernel's, the features', the plugins'."""
+        features = tuple(model for tables in self.hooks.tables for model in tables.models)
+        return MODELS + features + tuple(self.plugins.models)
 
     def attach_worker(self, with_maintenance=True):
         """This process's Worker (dispatcher, pools, supervisor, housekeeping), not yet started;

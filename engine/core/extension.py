@@ -7,9 +7,20 @@ at the named hook points of ``Hooks``. The kernel's parts are built with those h
 only read them; nothing of the kernel is set from outside after it is built. The installed
 extensions are one ordered tuple, ``engine/extensions.py``: that order is the order their call
 guards run in, and the order they install in (a feature may use what one before it installed).
+Each feature lives in one folder, ``engine/features/<name>/``, which declares in its
+``__init__`` the other features it imports (``USES``); tests/test_layout.py holds it to that.
 """
 
 from typing import Any, NamedTuple
+
+
+class Tables(NamedTuple):
+    """A feature's own tables: its peewee models (SQLite creates them) and the DDL file that
+    creates the same tables on MySQL/MariaDB (``initdb`` applies it after the kernel's
+    schema.sql); both create only what is missing."""
+
+    models: tuple
+    schema_sql: str
 
 
 class Kernel(NamedTuple):
@@ -42,6 +53,11 @@ class Hooks:
         # (name, purge): run by every purge pass until it returns 0; purge(limit) deletes at
         # most ``limit`` rows nobody needs any more and returns how many it deleted.
         self.purge_steps = []
+        # Tables: each feature's own tables, created with the kernel's by create_schema.
+        self.tables = []
+        # make(runtime, access) -> an API resource (engine/http/resources/__init__.py): the
+        # feature's routes and OpenAPI fragment, after the kernel's resources, in this order.
+        self.http_resources = []
 
 
 class Extension:

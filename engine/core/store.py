@@ -411,16 +411,22 @@ class Store:
         return value
 
     # -- schema
-    def create_schema(self, extra_models=(), schema_sql_path=None):
-        """Create every table if missing. MySQL applies schema.sql (the deployed DDL); SQLite
-        creates from the models. ``extra_models`` (job-type plugins' own tables) are created
-        from their models on both. Safe to run twice."""
+    def create_schema(self, extra_models=(), schema_sql_path=None, tables=()):
+        """Create every table if missing. MySQL applies schema.sql (the deployed DDL), then each
+        feature's own DDL (``tables``: core.extension.Tables); SQLite creates both from the
+        models. ``extra_models`` (job-type plugins' own tables) are created from their models on
+        both. Safe to run twice."""
         with self.connection():
             if self.dialect == 'mysql':
-                for statement in split_sql(_read(schema_sql_path or default_schema_path())):
-                    self.db.execute_sql(statement)
+                paths = [schema_sql_path or default_schema_path()]
+                paths += [feature.schema_sql for feature in tables]
+                for path in paths:
+                    for statement in split_sql(_read(path)):
+                        self.db.execute_sql(statement)
             else:
                 self.db.create_tables(MODELS, safe=True)
+                for feature in tables:
+                    self.db.create_tables(list(feature.models), safe=True)
             self._add_missing_columns()
             admission.backfill(self)
             if extra_models:

@@ -16,8 +16,6 @@ from .dashboard import Dashboard
 from .guard import Guard, bottle_error
 from .openapi import allowed_methods, build_document
 from .resources.admin_jobs import AdminJobs
-from .resources.batches import Batches
-from .resources.budgets import Budgets
 from .resources.credentials import Credentials
 from .resources.job_stream import JobStreams
 from .resources.jobs import Jobs
@@ -36,6 +34,7 @@ class Api:
         job_streams = JobStreams(runtime, access)
         self.watch = jobs.watch
         self.streams = job_streams.streams
+        # The kernel's resources, then the installed features' (in the extensions' order).
         self.resources = (
             jobs,
             AdminJobs(runtime, access),
@@ -45,9 +44,7 @@ class Api:
             Webhooks(runtime, access),
             job_streams,
             Dashboard(runtime),
-            Budgets(runtime, access),
-            Batches(runtime, access),
-        )
+        ) + tuple(make(runtime, access) for make in runtime.hooks.http_resources)
         self.openapi = build_document(self.resources)
 
     def document(self):

@@ -31,9 +31,9 @@ from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers import ggevent
 
-from ..core import master_key, metrics
-from ..core.config import Config
-from ..core.errors import (
+from .core import master_key, metrics
+from .core.config import Config
+from .core.errors import (
     ExpectationFailedError,
     ForbiddenError,
     HeadersTooLargeError,
@@ -41,12 +41,12 @@ from ..core.errors import (
     RequestLineTooLongError,
     UnsupportedTransferCodingError,
 )
-from ..core.logs import configure as configure_logging
-from ..core.logs import gunicorn_logconfig, log_event
-from ..core.redis_url import parse_redis_url
-from ..runtime import Runtime
-from .app import create_app
-from .auth import TokenStore
+from .core.logs import configure as configure_logging
+from .core.logs import gunicorn_logconfig, log_event
+from .core.redis_url import parse_redis_url
+from .runtime import Runtime
+from .http.app import create_app
+from .http.auth import TokenStore
 
 # gunicorn's worker timeout: with gevent, the worker's heartbeat only stops when its hub is
 # blocked this long (a long poll or a slow client is a greenlet and never blocks it).
