@@ -88,7 +88,7 @@ def bench_args(parser):
 
 
 def cmd_providers(config, args):
-    from engine.gateway.providers_cli import check, describe
+    from engine.features.gateway.providers_cli import check, describe
 
     for line in describe(config):
         print(line)

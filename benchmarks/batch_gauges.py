@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.core.config import Config  # noqa: E402
 from engine.core.models import AiProviderBatch, AiProviderBatchItem  # noqa: E402
-from engine.http.resources.batches import batch_gauges  # noqa: E402
+from engine.features.batches.routes import batch_gauges  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
 CHUNK = 1000

@@ -87,7 +87,7 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False)
     job_type = 'synthetic'
     if gateway:
         with runtime.store.connection():
-            runtime.budgets.put(*GATEWAY_BUDGET)
+            runtime.features['budgets'].put(*GATEWAY_BUDGET)
         job_type = 'synthetic_cached'
     _exit_on_sigterm()
     worker = _start_worker(runtime)

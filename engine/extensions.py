@@ -12,11 +12,11 @@ extensions install in:
 - rate limits last: a call refused by anything before books no slot.
 Removing a feature is removing its line here (and its folder)."""
 
-from .gateway.batches.runner import BatchesExtension
-from .gateway.budgets import BudgetsExtension
-from .gateway.cache import CacheExtension
-from .gateway.ratelimits import RateLimitsExtension
-from .gateway.wiring import GatewayExtension
+from .features.batches.extension import BatchesExtension
+from .features.budgets.extension import BudgetsExtension
+from .features.cache.extension import CacheExtension
+from .features.gateway.extension import GatewayExtension
+from .features.rate_limits.extension import RateLimitsExtension
 
 INSTALLED = (
     CacheExtension(),

@@ -163,21 +163,6 @@ class Runtime:
         )
         self.worker = None
 
-    @property
-    def budgets(self):
-        """The budgets ledger (engine/gateway/budgets.py), None when not installed."""
-        return self.features.get('budgets')
-
-    @property
-    def batches(self):
-        """The provider batches' runner, None when off (nothing opts in)."""
-        return self.features.get('batches')
-
-    @property
-    def leader_steps(self):
-        """Steps the housekeeping leader runs besides its own: (name, interval_s, step)."""
-        return self.hooks.leader_steps
-
     def create_schema(self):
         """Every table: the kernel's, the features', then the job-type plugins' own."""
         self.store.create_schema(extra_models=self.plugins.models, tables=self.hooks.tables)

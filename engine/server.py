@@ -44,9 +44,9 @@ from .core.errors import (
 from .core.logs import configure as configure_logging
 from .core.logs import gunicorn_logconfig, log_event
 from .core.redis_url import parse_redis_url
-from .runtime import Runtime
 from .http.app import create_app
 from .http.auth import TokenStore
+from .runtime import Runtime
 
 # gunicorn's worker timeout: with gevent, the worker's heartbeat only stops when its hub is
 # blocked this long (a long poll or a slow client is a greenlet and never blocks it).

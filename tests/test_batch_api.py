@@ -1,4 +1,4 @@
-"""BatchApi (engine/gateway/batches/api.py) against the fake OpenAI batch API: the `openai`
+"""BatchApi (engine/features/batches/api.py) against the fake OpenAI batch API: the `openai`
 package's real files and batches calls over loopback HTTP, every failure a BatchApiError."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import openai
 import pytest
 
-from engine.gateway.batches.api import BatchApi, BatchApiError
+from engine.features.batches.api import BatchApi, BatchApiError
 from tests.support.fake_openai import json_reply
 
 

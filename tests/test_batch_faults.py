@@ -19,9 +19,9 @@ from engine.core.models import (
     AiUsageLog,
 )
 from engine.execution.engine import ExecutionEngine
-from engine.gateway.batches.api import BatchApi
-from engine.gateway.batches.batcher import FORM_SCAN
-from engine.gateway.batches.poller import _batch_usage
+from engine.features.batches.api import BatchApi
+from engine.features.batches.batcher import FORM_SCAN
+from engine.features.batches.poller import _batch_usage
 from tests.support.batched_jobs import FAST_BATCHES, batched_definition, provider_settings
 from tests.support.helpers import create_job
 from tests.support.runtimes import FAST_SETTINGS, fast_registry
@@ -75,12 +75,12 @@ def test_a_batch_whose_provider_left_the_configuration_ends_and_its_job_goes_onl
     engine = ExecutionEngine(rt, 'test-worker')
     with rt.store.connection():
         orphan, kept = parked(rt, engine, 2)
-        rt.batches.batcher.form()
+        rt.features['batches'].batcher.form()
         AiProviderBatch.update(provider='removed').where(
             AiProviderBatch.id == batch_of(orphan).id
         ).execute()
 
-        rt.batches.step()
+        rt.features['batches'].step()
 
         assert batch_of(orphan).state == 'ended'
         assert item_of(orphan).state == 'expired'
@@ -97,20 +97,20 @@ def test_a_batch_whose_step_raises_waits_its_backoff_and_the_others_go_on(
     engine = ExecutionEngine(rt, 'test-worker')
     with rt.store.connection():
         broken, kept = parked(rt, engine, 2)
-        rt.batches.step()
+        rt.features['batches'].step()
         broken_id = batch_of(broken).id
-        results = rt.batches.poller.results
+        results = rt.features['batches'].poller.results
 
         def results_failing_for_one(batch, info):
             if batch.id == broken_id:
                 raise AttributeError('a bug')
             results(batch, info)
 
-        monkeypatch.setattr(rt.batches.poller, 'results', results_failing_for_one)
+        monkeypatch.setattr(rt.features['batches'].poller, 'results', results_failing_for_one)
         before = AiProviderBatch.get_by_id(broken_id)
-        rt.batches.step()  # retrieve -> completed in auto mode, over successive steps
-        rt.batches.step()
-        rt.batches.step()
+        rt.features['batches'].step()  # retrieve -> completed in auto mode, over successive steps
+        rt.features['batches'].step()
+        rt.features['batches'].step()
 
         assert batch_of(kept).state == 'ended'
         assert item_of(kept).state == 'answered'
@@ -125,7 +125,7 @@ def test_a_batch_whose_step_raises_waits_its_backoff_and_the_others_go_on(
         AiProviderBatch.update(next_poll_at=rt.store.now()).where(
             AiProviderBatch.id == broken_id
         ).execute()
-        rt.batches.step()
+        rt.features['batches'].step()
         assert batch_of(broken).state == 'ended'
 
 
@@ -135,7 +135,7 @@ def test_a_malformed_line_costs_its_own_item_only(batch_rt, batch_fake):
     batch_fake.mode = 'manual'
     with rt.store.connection():
         good, not_json, bad_body = parked(rt, engine, 3)
-        rt.batches.step()
+        rt.features['batches'].step()
         batch = batch_of(good)
         batch_fake.set_status(batch.provider_batch_id, 'completed')
         output_id = batch_fake.batches[batch.provider_batch_id]['output_file_id']
@@ -148,7 +148,7 @@ def test_a_malformed_line_costs_its_own_item_only(batch_rt, batch_fake):
         )
         batch_fake.files[output_id]['content'] = (text + '\n').encode()
 
-        rt.batches.step()
+        rt.features['batches'].step()
 
         assert batch_of(good).state == 'ended'
         assert item_of(good).state == 'answered'
@@ -171,14 +171,14 @@ def test_a_cancelled_jobs_billed_line_counts_in_the_batch_cost_usage_and_budget(
     engine = ExecutionEngine(rt, 'test-worker')
     batch_fake.mode = 'manual'
     with rt.store.connection():
-        rt.budgets.put('global', '', 'total', Decimal('1000'), 'fail')
+        rt.features['budgets'].put('global', '', 'total', Decimal('1000'), 'fail')
         kept, cancelled = parked(rt, engine, 2)
-        rt.batches.step()
+        rt.features['batches'].step()
         batch = batch_of(kept)
         assert rt.service.cancel_job(cancelled).lifecycle_status == 'cancelled'
         batch_fake.set_status(batch.provider_batch_id, 'completed')
 
-        rt.batches.step()
+        rt.features['batches'].step()
 
         [spend] = list(AiBudgetSpend.select())
         assert spend.spent_micros == 12_500  # the cancelled job's line, at the batch price
@@ -197,7 +197,7 @@ def test_a_cancelled_jobs_billed_line_counts_in_the_batch_cost_usage_and_budget(
         [spend] = list(AiBudgetSpend.select())
         assert spend.spent_micros == 25_000
         assert AiUsageLog.select().count() == 2
-        rt.batches.step()  # run again: nothing counted twice
+        rt.features['batches'].step()  # run again: nothing counted twice
         assert AiUsageLog.select().count() == 2
 
 
@@ -207,13 +207,13 @@ def test_abandoned_batches_are_cancelled_one_by_one(batch_rt, batch_fake):
     batch_fake.mode = 'manual'
     with rt.store.connection():
         first, second, alive = parked(rt, engine, 3)
-        rt.batches.step()
+        rt.features['batches'].step()
         assert {batch_of(j).state for j in (first, second, alive)} == {'submitted'}
         for job_id in (first, second):
             rt.service.cancel_job(job_id)
         batch_fake.refuse(400, times=1)  # the first cancel is refused for good
 
-        rt.batches.step()
+        rt.features['batches'].step()
 
         assert batch_fake.cancelled_batch_ids == [batch_of(second).provider_batch_id]
         assert batch_of(first).state == 'ended'  # abandoned: its items leave the batch
@@ -226,11 +226,11 @@ def test_a_batch_whose_jobs_all_ended_before_it_was_sent_is_dropped(batch_rt, ba
     engine = ExecutionEngine(rt, 'test-worker')
     with rt.store.connection():
         job_ids = parked(rt, engine, 2)
-        rt.batches.batcher.form()
+        rt.features['batches'].batcher.form()
         for job_id in job_ids:
             rt.service.cancel_job(job_id)
 
-        rt.batches.step()
+        rt.features['batches'].step()
 
         batch = batch_of(job_ids[0])
         assert (batch.state, batch.input_file_id, batch.provider_batch_id) == ('ended', None, None)
@@ -246,20 +246,20 @@ def test_a_leader_that_lost_its_lease_during_a_search_neither_uploads_nor_create
     with rt.store.connection():
         [job_id] = parked(rt, engine, 1)
         answers = iter([True, False])  # leading at the step's start; lost by the upload
-        rt.batches.step(leading=lambda: next(answers))
+        rt.features['batches'].step(leading=lambda: next(answers))
         assert (batch_of(job_id).state, batch_fake.uploads) == ('building', [])
 
         batch_fake.on('create_batch', lambda obj: (_ for _ in ()).throw(RuntimeError('cut')))
-        rt.batches.step()  # uploaded; the create's answer never arrives
+        rt.features['batches'].step()  # uploaded; the create's answer never arrives
         batch_fake.on('create_batch', None)
         assert batch_of(job_id).state == 'uploaded' and len(batch_fake.batches) == 1
         batch_fake.batches.clear()  # as if the create had never reached the provider
         AiProviderBatch.update(next_poll_at=None).execute()
         answers = iter([True, False])
-        rt.batches.step(leading=lambda: next(answers))
+        rt.features['batches'].step(leading=lambda: next(answers))
         assert batch_of(job_id).state == 'uploaded' and batch_fake.batches == {}
 
-        rt.batches.step()
+        rt.features['batches'].step()
         assert batch_of(job_id).state == 'submitted' and len(batch_fake.batches) == 1
 
 
@@ -271,7 +271,7 @@ def test_max_jobs_is_bounded_by_the_items_one_step_looks_at(batch_rt, batch_fake
         # Due by its wait (1 ms), far from its count. SQLite's clock counts whole milliseconds,
         # so a step in the park's own millisecond would see it waited 0 ms: it waited a second.
         AiProviderBatchItem.update(created_at=rt.store.now_plus_ms(-1000)).execute()
-        rt.batches.step()
+        rt.features['batches'].step()
         assert (batch_of(job_id).state, batch_of(job_id).job_count) == ('submitted', 1)
     with pytest.raises(InvalidDefinitionError, match='batch.maxJobs 5001 must be 1..5000'):
         batch_rt(max_jobs=FORM_SCAN + 1)
@@ -288,7 +288,7 @@ def test_a_batch_cost_reads_cached_tokens_as_the_online_path_does(batch_rt, batc
     with rt.store.connection():
         [job_id] = parked(rt, engine, 1)
         for _ in range(5):  # validating, in_progress, finalizing, completed: then the results
-            rt.batches.step()
+            rt.features['batches'].step()
         assert batch_of(job_id).state == 'ended'
         assert batch_of(job_id).cost == Decimal('0.007500')
         assert _batch_usage({'usage': 'not an object'}).prompt_tokens == 0
@@ -319,7 +319,7 @@ def test_a_resume_stops_listing_at_entries_older_than_its_row(batch_rt, batch_fa
         monkeypatch.setattr(batch_fake, name, counted)
     with rt.store.connection():
         [job_id] = parked(rt, engine, 1)
-        rt.batches.step()
+        rt.features['batches'].step()
 
         assert batch_of(job_id).state == 'submitted'
         assert pages == {'files': 1, 'batches': 1}  # one page each, not four

@@ -28,8 +28,8 @@ from engine.core.models import (
 from engine.core.registry import BatchPolicy, QueuePolicy, validate_definition
 from engine.core.states import TERMINAL
 from engine.execution.engine import ExecutionEngine
-from engine.gateway import providers_config
-from engine.gateway.providers_config import Entry
+from engine.features.gateway import providers_config
+from engine.features.gateway.providers_config import Entry
 from engine.jobtypes.synthetic import synthetic_definition
 from tests.support.api import Harness
 from tests.support.batched_jobs import FAST_BATCHES, batched_definition, provider_settings
@@ -249,12 +249,12 @@ def test_a_parked_job_keeps_its_budget_reservation_and_spends_the_batch_price(
     batch_fake.mode = 'manual'
     rt = make_batch_rt()
     with rt.store.connection():
-        rt.budgets.put('global', '', 'total', Decimal('1000'), 'fail')
+        rt.features['budgets'].put('global', '', 'total', Decimal('1000'), 'fail')
         job_ids, batch = running_in_a_submitted_batch(rt, 3)
 
         reserved = list(AiBudgetReservation.select())
         assert sorted(r.job_id for r in reserved) == sorted(job_ids)  # one per parked call
-        assert rt.budgets.release_leaked(0) == 0  # parked is not leaked
+        assert rt.features['budgets'].release_leaked(0) == 0  # parked is not leaked
         [spend] = list(AiBudgetSpend.select())
         assert spend.reserved_micros == sum(r.amount_micros for r in reserved)
 
@@ -275,7 +275,7 @@ def test_every_step_cut_short_resumes_without_sending_anything_twice(
         AIJOB_BATCH_POLL_MAX_MS='1',
     )
     engine = ExecutionEngine(rt, 'test-worker')
-    runner = rt.batches
+    runner = rt.features['batches']
     kills = []
 
     def killed(obj):  # the provider did the work; the leader never hears the answer
@@ -427,7 +427,7 @@ def park_one_submitted(rt, engine):
     """One job parked and its batch submitted: (job id, the batch row)."""
     [job_id] = create_batched(rt, 1)
     assert engine.execute(job_id) == 'deferred'
-    rt.batches.step()
+    rt.features['batches'].step()
     batch = AiProviderBatch.get()
     assert batch.state == 'submitted'
     return job_id, batch
@@ -450,7 +450,7 @@ def test_a_job_woken_before_its_line_parks_again_and_its_line_still_wakes_it(
         assert (item.state, item.parked_attempt) == ('batched', 2)
 
         batch_fake.set_status(batch.provider_batch_id, 'completed')
-        rt.batches.step()
+        rt.features['batches'].step()
         job = AiJob.get_by_id(job_id)
         assert job.lock_until <= rt.store.clock()  # its wake time is now
         assert engine.execute(job_id) == 'succeeded'
@@ -494,7 +494,7 @@ def test_a_job_parked_longer_than_its_deferral_goes_online_and_its_late_line_is_
         assert (row.cost, row.batch_id) == (ONLINE_COST, None)
 
         batch_fake.set_status(batch.provider_batch_id, 'completed')  # the line comes after all
-        rt.batches.step()
+        rt.features['batches'].step()
         assert AiProviderBatchItem.get().state == 'consumed'
         assert len(events_of(job_id, SUCCEEDED)) == 1 and len(usage_rows([job_id])) == 1
 
@@ -507,8 +507,10 @@ def test_a_job_woken_on_another_entry_of_its_route_uses_its_answered_line(
     with rt.store.connection():
         [job_id] = create_batched(rt, 1)
         assert engine.execute(job_id) == 'deferred'
-        rt.batches.step()
-        wait_until(lambda: rt.batches.step() or AiProviderBatchItem.get().state == 'answered')
+        rt.features['batches'].step()
+        wait_until(
+            lambda: rt.features['batches'].step() or AiProviderBatchItem.get().state == 'answered'
+        )
         # the definition no longer batches (as on an entry without a policy): the answer the
         # provider billed is used all the same, not bought again online
         online = dataclasses.replace(rt.registry.get('batched'), batch=None)

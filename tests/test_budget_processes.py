@@ -15,7 +15,7 @@ import pytest
 
 from engine.core.models import AiBudget, AiBudgetReservation, AiBudgetSpend, AiJob, AiUsageLog
 from engine.core.states import TERMINAL
-from engine.gateway.budgets import CACHE_S
+from engine.features.budgets.ledger import CACHE_S
 from tests.support import budget_cases
 from tests.support.backends import require_servers
 from tests.support.fake_openai import json_reply
@@ -98,7 +98,7 @@ def test_fifty_jobs_on_three_workers_spend_at_most_their_budget_and_a_kill_leaks
     rt = shared
     cost = max_cost(rt)
     answer_at_max_cost(fake, cost - MAX_TOKENS, first_delay_s=0.2)
-    budget, _ = rt.budgets.put('user', 'spender', 'day', Decimal(10 * cost), 'fail')
+    budget, _ = rt.features['budgets'].put('user', 'spender', 'day', Decimal(10 * cost), 'fail')
     workers = [spawn(rt.env) for _ in range(3)]
 
     jobs = jobs_of('spender', 50, rt)
@@ -125,7 +125,9 @@ def test_fifty_jobs_on_three_workers_spend_at_most_their_budget_and_a_kill_leaks
     # kill -9 a worker in the middle of its calls: their reservations outlive it until the
     # reaper (the leader's, whichever survives) finds the job's lock gone.
     answer_at_max_cost(fake, cost - MAX_TOKENS, first_delay_s=3.0)
-    victim_budget, _ = rt.budgets.put('user', 'victim', 'day', Decimal(4 * cost), 'fail')
+    victim_budget, _ = rt.features['budgets'].put(
+        'user', 'victim', 'day', Decimal(4 * cost), 'fail'
+    )
     time.sleep(CACHE_S + 0.2)  # a new budget holds in every process within CACHE_S
     held = jobs_of('victim', 4, rt)
     wait_until(
@@ -172,7 +174,7 @@ def test_fifty_jobs_on_two_workers_spend_at_most_their_budget_and_none_is_refuse
     input, reply = budget_cases.CASES[case]
     fake.script(replace(reply, first_delay_s=0.1))
     cost = budget_cases.max_cost(rt, input)
-    budget, _ = rt.budgets.put(
+    budget, _ = rt.features['budgets'].put(
         'user', 'fifty', 'day', Decimal(budget_cases.BUDGET_CALLS * cost), 'fail'
     )
     workers = [spawn(rt.env) for _ in range(2)]

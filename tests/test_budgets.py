@@ -23,15 +23,16 @@ from engine.core.models import (
     AiUsageLog,
 )
 from engine.core.states import TERMINAL
-from engine.execution.openai_client import (
+from engine.execution.providers import ProviderCall, Usage
+from engine.execution.usage import Price, record_usage
+from engine.features.budgets.guard import BudgetGuard
+from engine.features.budgets.ledger import IN_FLIGHT_WAIT_MAX_S, period_reset
+from engine.features.gateway.openai_client import (
     TEMPLATE_TOKENS_PER_MESSAGE,
     TEMPLATE_TOKENS_PER_REQUEST,
     estimate_tokens,
     prompt_token_bound,
 )
-from engine.execution.providers import ProviderCall, Usage
-from engine.execution.usage import Price, record_usage
-from engine.gateway.budgets import IN_FLIGHT_WAIT_MAX_S, BudgetGuard, period_reset
 from engine.jobtypes.flashcards import flashcard_definition
 from tests.support import budget_cases
 from tests.support.api import Harness, job_body, run_to_running
@@ -196,7 +197,7 @@ def test_users_get_403_on_the_budget_endpoints(budget_api):
 def test_the_dashboards_usage_page_shows_each_budget_against_its_spend(board):  # noqa: F811
     rt = board.rt
     record_cost('alice', '1.25')
-    rt.budgets.put('user', 'alice', 'month', Decimal('10'), 'wait')
+    rt.features['budgets'].put('user', 'alice', 'month', Decimal('10'), 'wait')
     page = board.operator().get('/dashboard/usage')
     assert page.status == 200
     assert re.search(
@@ -204,7 +205,7 @@ def test_the_dashboards_usage_page_shows_each_budget_against_its_spend(board):  
         r'<td>0.000000</td>\s*<td>8.750000</td><td>wait</td>',
         page.text,
     )
-    rt.budgets.delete(AiBudget.get().id)
+    rt.features['budgets'].delete(AiBudget.get().id)
     assert 'No budget' in board.operator().get('/dashboard/usage').text
 
 
@@ -212,7 +213,9 @@ def test_the_dashboards_usage_page_shows_each_budget_against_its_spend(board):  
 def test_a_create_whose_budget_is_spent_is_429_and_writes_nothing(budget_api):
     record_cost('user-a', '2')
     assert put(budget_api.admin, scope='user', subject='user-a', period='day', amount='2').json
-    budget_api.runtime.budgets.forget()  # this process's cache; others see it within a second
+    budget_api.runtime.features[
+        'budgets'
+    ].forget()  # this process's cache; others see it within a second
     before = AiJob.select().count()
     refused = budget_api.a.post(JOBS, job_body())
     assert refused.status == 429 and refused.error_code == 'BUDGET_EXCEEDED'
@@ -247,7 +250,7 @@ def test_a_spent_total_budget_names_no_reset(budget_api):
 
 
 def test_without_budgets_a_create_reads_no_spend(budget_rt):
-    budgets = budget_rt.budgets
+    budgets = budget_rt.features['budgets']
     budgets.all()  # the list is read once, then trusted for a second
     statements = budget_rt.store.statement_count()
     budgets.check_creatable('user-a', 'synthetic')
@@ -353,7 +356,7 @@ def test_a_call_reserves_its_maximum_cost_and_settles_its_real_cost(budget_api):
     rt = budget_api.runtime
     put(budget_api.admin, scope='user', subject='user-a', period='day', amount='1')
     put(budget_api.admin, scope='global', period='month', amount='5')
-    rt.budgets.forget()
+    rt.features['budgets'].forget()
     guard, call = guard_of(rt), a_call(running_job(rt))
     assert guard.max_cost_micros(call) == 200_000
     assert guard.before(call) is None
@@ -368,7 +371,7 @@ def test_a_call_reserves_its_maximum_cost_and_settles_its_real_cost(budget_api):
 
 
 def test_a_settle_rolled_back_with_its_transaction_leaves_the_reservation(budget_rt):
-    budget_rt.budgets.put('global', '', 'day', Decimal('1'), 'fail')
+    budget_rt.features['budgets'].put('global', '', 'day', Decimal('1'), 'fail')
     guard, call = guard_of(budget_rt), a_call(running_job(budget_rt))
     guard.before(call)
 
@@ -393,7 +396,7 @@ def spend_in_full(rt, guard, call):
 def second_call_refused(rt, scope, subject, period, on_exceeded, refusal):
     """Under a budget of 0.3, which one call's MAX_COST fits and two do not, the first call is
     let through and spends its maximum, and the second raises ``refusal``: returns it."""
-    rt.budgets.put(scope, subject, period, Decimal('0.3'), on_exceeded)
+    rt.features['budgets'].put(scope, subject, period, Decimal('0.3'), on_exceeded)
     guard, first = guard_of(rt), a_call(running_job(rt))
     guard.before(first)
     spend_in_full(rt, guard, first)
@@ -421,7 +424,7 @@ def test_a_call_over_a_wait_budget_is_deferred_until_the_period_resets(budget_rt
 
 @pytest.mark.parametrize('on_exceeded', ['fail', 'wait'])
 def test_a_call_that_fits_once_the_calls_in_flight_settle_waits_for_them(budget_rt, on_exceeded):
-    budget_rt.budgets.put('global', '', 'day', Decimal('0.3'), on_exceeded)
+    budget_rt.features['budgets'].put('global', '', 'day', Decimal('0.3'), on_exceeded)
     guard, first = guard_of(budget_rt), a_call(running_job(budget_rt))
     guard.before(first)
     second = a_call(running_job(budget_rt))
@@ -441,13 +444,13 @@ def test_a_call_that_fits_once_the_calls_in_flight_settle_waits_for_them(budget_
 
 
 def test_wait_fails_all_the_same_when_the_call_alone_is_over_the_budget(budget_rt):
-    budget_rt.budgets.put('global', '', 'day', Decimal('0.1'), 'wait')
+    budget_rt.features['budgets'].put('global', '', 'day', Decimal('0.1'), 'wait')
     with pytest.raises(BudgetExceededFailure):
         guard_of(budget_rt).before(a_call(running_job(budget_rt)))
 
 
 def test_a_call_that_is_not_made_gives_its_reservation_back(budget_rt):
-    budget_rt.budgets.put('global', '', 'day', Decimal('1'), 'fail')
+    budget_rt.features['budgets'].put('global', '', 'day', Decimal('1'), 'fail')
     guard = guard_of(budget_rt)
     deferred = a_call(running_job(budget_rt))
     guard.before(deferred)
@@ -504,7 +507,9 @@ def test_a_calls_own_price_and_the_configured_price_give_the_same_maximum(budget
 
 # ---------------------------------------------------------------- exact under concurrency
 def test_threads_racing_for_one_budget_reserve_exactly_what_fits(budget_rt):
-    budget_rt.budgets.put('jobType', 'synthetic', 'day', Decimal('1.4'), 'fail')  # 7 calls
+    budget_rt.features['budgets'].put(
+        'jobType', 'synthetic', 'day', Decimal('1.4'), 'fail'
+    )  # 7 calls
     guard = guard_of(budget_rt)
     jobs = [running_job(budget_rt, 'racer-%d' % i) for i in range(20)]
 
@@ -526,7 +531,7 @@ def test_threads_racing_for_one_budget_reserve_exactly_what_fits(budget_rt):
 
 # ---------------------------------------------------------------- the reaper
 def test_the_reaper_releases_the_reservations_of_lost_locks_only(budget_rt):
-    budget_rt.budgets.put('global', '', 'day', Decimal('10'), 'fail')
+    budget_rt.features['budgets'].put('global', '', 'day', Decimal('10'), 'fail')
     guard = guard_of(budget_rt)
     alive, dead, finished = (running_job(budget_rt, u) for u in ('u1', 'u2', 'u3'))
     for job in (alive, dead, finished):
@@ -544,7 +549,7 @@ def test_the_reaper_releases_the_reservations_of_lost_locks_only(budget_rt):
 
 
 def test_a_takeover_releases_the_reservation_of_the_attempt_it_replaces(budget_rt):
-    budget_rt.budgets.put('global', '', 'day', MAX_COST, 'fail')  # one call at a time
+    budget_rt.features['budgets'].put('global', '', 'day', MAX_COST, 'fail')  # one call at a time
     guard, job = guard_of(budget_rt), running_job(budget_rt)
     guard.before(a_call(job))  # then its worker dies, holding the reservation
     AiJob.update(lock_until=datetime.datetime(2000, 1, 1)).where(AiJob.id == job.id).execute()
@@ -598,7 +603,7 @@ def test_jobs_through_the_engine_spend_at_most_their_budget(ai_budget_rt, fake):
     # Each call answers with its maximum: the prompt's bound and all 20 completion tokens.
     fake.script(json_reply(CARDS, usage={'prompt_tokens': prompt, 'completion_tokens': 20}))
     max_cost = Decimal(prompt + 20)
-    rt.budgets.put('user', 'user-a', 'day', 3 * max_cost, 'fail')
+    rt.features['budgets'].put('user', 'user-a', 'day', 3 * max_cost, 'fail')
     # Every create goes in, whatever the calls already reserved: the calls are what is counted
     # here (the refusal at create is tested above).
     rt.service.create_checks = ()
@@ -645,7 +650,7 @@ def test_fifty_jobs_in_one_process_spend_at_most_their_budget_and_none_is_refuse
     input, reply = budget_cases.CASES[case]
     fake.script(replace(reply, first_delay_s=0.05))
     cost = budget_cases.max_cost(rt, input)
-    budget, _ = rt.budgets.put('user', 'fifty', 'day', Decimal(10 * cost), 'fail')
+    budget, _ = rt.features['budgets'].put('user', 'fifty', 'day', Decimal(10 * cost), 'fail')
     jobs = [
         create_job(rt, job_type='flashcard_generation', user_id='fifty', input=input)
         for _ in range(budget_cases.JOBS)

@@ -1,4 +1,4 @@
-"""The response cache (issue 21, item 6; engine/gateway/cache.py), against the loopback
+"""The response cache (issue 21, item 6; engine/features/cache/guard.py), against the loopback
 OpenAI-compatible server: a hit costs 0 and projects again; scope ``user`` keeps users apart and
 ``global`` does not; entries survive a restart; an expired entry misses and the purger removes it;
 ``noCache`` skips the cache; identical jobs at once make one provider call; the counters in
@@ -19,8 +19,8 @@ from engine.core.registry import CachePolicy, JobDefinitionRegistry, validate_de
 from engine.core.states import TERMINAL
 from engine.execution.engine import ExecutionEngine
 from engine.execution.providers import Credential, ProviderCall, ProviderRequest, Usage
-from engine.gateway import cache as cache_module
-from engine.gateway.cache import CacheGuard
+from engine.features.cache import guard as cache_module
+from engine.features.cache.guard import CacheGuard
 from engine.http.metrics_view import scrape
 from engine.jobtypes.flashcards import FlashcardProjector, flashcard_definition
 from engine.jobtypes.synthetic import synthetic_definition

@@ -17,8 +17,8 @@ import redis
 from engine.core.models import AiJob, AiJobEvent, AiUsageLog
 from engine.core.registry import CredentialPolicy
 from engine.core.status_view import find_for_status, job_status
-from engine.execution.context_errors import CONTEXT_LENGTH_SIGNS, context_length_sign
-from engine.gateway.cooldowns import (
+from engine.features.gateway.context_errors import CONTEXT_LENGTH_SIGNS, context_length_sign
+from engine.features.gateway.cooldowns import (
     ANSWERED,
     FAILED,
     NO_CALL,
@@ -26,8 +26,8 @@ from engine.gateway.cooldowns import (
     MemoryCooldowns,
     RedisCooldowns,
 )
-from engine.gateway.providers_config import Entry, ModelSpec
-from engine.gateway.routes import RouteState
+from engine.features.gateway.providers_config import Entry, ModelSpec
+from engine.features.gateway.routes import RouteState
 from engine.http import dashboard_pages
 from engine.http.app import create_app
 from engine.http.auth import TokenStore

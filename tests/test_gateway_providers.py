@@ -15,8 +15,8 @@ import pytest
 from engine.core.config import Config
 from engine.core.errors import ConfigError
 from engine.execution.providers import Usage
-from engine.gateway import providers_cli, providers_config
-from engine.gateway.providers_config import Entry, Limits
+from engine.features.gateway import providers_cli, providers_config
+from engine.features.gateway.providers_config import Entry, Limits
 from engine.runtime import Runtime
 from tests.support.fake_openai import FakeOpenAI, json_reply
 from tests.support.helpers import create_job

@@ -1,7 +1,8 @@
-"""The import arrows go one way: core at the bottom; execution on core; dispatch on both; the job
-types and the gateway on core and execution only; runtime and bench above them; http on top;
-aijob.py above all. Every import counts, function-level ones too (docs/architecture.md,
-"Layout")."""
+"""The import arrows go one way. The kernel: core at the bottom; execution on core; dispatch on
+both; the job types on core and execution; http (the job API) on those. The features above the
+kernel, each importing another only where its ``USES`` says so; extensions (the installed list)
+above the features; runtime above them; the server and bench on top; aijob.py above all. Every
+import counts, function-level ones too (docs/architecture.md, "Layout")."""
 
 import ast
 import pathlib
@@ -9,16 +10,18 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # What each part may import from the engine (besides itself).
+KERNEL = {'core', 'execution', 'dispatch', 'jobtypes', 'http'}
 ALLOWED = {
     'core': set(),
     'execution': {'core'},
     'dispatch': {'core', 'execution'},
     'jobtypes': {'core', 'execution'},
-    'gateway': {'core', 'execution'},
-    'extensions': {'core', 'execution', 'dispatch', 'gateway'},
-    'runtime': {'core', 'execution', 'dispatch', 'gateway', 'extensions'},
-    'bench': {'core', 'execution', 'dispatch', 'runtime', 'gateway'},
-    'http': {'core', 'execution', 'dispatch', 'runtime', 'gateway'},
+    'http': {'core', 'execution', 'dispatch'},
+    'features': KERNEL,
+    'extensions': KERNEL | {'features'},
+    'runtime': KERNEL | {'features', 'extensions'},
+    'server': KERNEL | {'runtime'},
+    'bench': KERNEL | {'runtime', 'features'},
 }
 
 
@@ -53,6 +56,47 @@ def test_no_module_imports_a_higher_part_of_the_engine():
             if there and there != here and there not in ALLOWED.get(here, set()):
                 wrong.append('%s imports %s' % (path.relative_to(ROOT), imported))
     assert wrong == []
+
+
+def feature_of(module):
+    """'engine.features.budgets.guard' -> 'budgets'; None outside engine/features/."""
+    parts = module.split('.')
+    return parts[2] if len(parts) > 2 and parts[1] == 'features' else None
+
+
+def declared_uses(feature):
+    """The features ``feature``'s __init__ says it imports (its ``USES``)."""
+    tree = ast.parse((ROOT / 'engine' / 'features' / feature / '__init__.py').read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ['USES']:
+            return set(ast.literal_eval(node.value))
+    raise AssertionError('engine/features/%s/__init__.py declares no USES' % feature)
+
+
+def test_a_feature_imports_another_only_where_it_says_so():
+    wrong = []
+    for path in sorted((ROOT / 'engine' / 'features').rglob('*.py')):
+        here = feature_of('.'.join(path.relative_to(ROOT).with_suffix('').parts))
+        if here is None:
+            continue
+        for imported in engine_imports(path):
+            there = feature_of(imported)
+            if there and there != here and there not in declared_uses(here):
+                wrong.append('%s imports %s' % (path.relative_to(ROOT), imported))
+    assert wrong == []
+
+
+def test_every_feature_is_installed_by_one_line():
+    """Each feature folder's extension is in engine/extensions.py, and nothing else is."""
+    from engine.extensions import INSTALLED
+
+    folders = {
+        path.name
+        for path in (ROOT / 'engine' / 'features').iterdir()
+        if (path / '__init__.py').exists()
+    }
+    installed = {type(extension).__module__.split('.')[2] for extension in INSTALLED}
+    assert installed == folders
 
 
 # The sibling folder a checkout of the team's workspace has and a clone does not; spelled in two

@@ -17,9 +17,9 @@ from engine.core.errors import (
     ProviderError,
     ProviderRequestError,
 )
-from engine.execution.openai_client import OpenAICompatibleProvider, retry_after_seconds
 from engine.execution.prompts import default_library
 from engine.execution.providers import CallContext, Credential, ProviderRequest
+from engine.features.gateway.openai_client import OpenAICompatibleProvider, retry_after_seconds
 from engine.jobtypes.flashcards import FLASHCARD_JOB_DEFINITION, FLASHCARDS_V1
 from tests.support.fake_openai import Reply, error_reply, json_reply
 

@@ -15,8 +15,8 @@ from engine.core.config import Config
 from engine.core.errors import ConfigError
 from engine.core.models import AiJob, AiJobEvent
 from engine.execution.providers import EntryUnavailable, ProviderCall, ProviderRequest, Usage
-from engine.gateway.providers_config import Limits
-from engine.gateway.ratelimits import (
+from engine.features.gateway.providers_config import Limits
+from engine.features.rate_limits.limiter import (
     LATE_MS,
     LocalWindow,
     RateLimitGuard,

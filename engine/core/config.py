@@ -193,7 +193,7 @@ def _json(value):
 
 def json_object_or_file(value):
     """AIJOB_PROVIDERS: a JSON object, or ``@PATH`` to a file holding one (None when unset);
-    its entries are checked by the gateway (engine/gateway/providers_config.py)."""
+    its entries are checked by the gateway (engine/features/gateway/providers_config.py)."""
     if value == '':
         return None
     if value.startswith('@'):
@@ -648,7 +648,7 @@ SETTINGS = (
         'JSON array of case-insensitive regular expressions that block job input and output '
         'when a definition asks for a safety check. Unset: block private keys only.',
     ),
-    # -- budgets (engine/gateway/budgets.py)
+    # -- budgets (engine/features/budgets/ledger.py)
     Setting(
         'AIJOB_BUDGET_MAX_TOKENS',
         '4096',
@@ -657,7 +657,7 @@ SETTINGS = (
         "reserves for its completion: a call reserves its prompt's bound x prompt price + "
         'this x completion price.',
     ),
-    # ---- issue 21 item 4: rate limits per provider/model (engine/gateway/ratelimits.py)
+    # ---- issue 21 item 4: rate limits per provider/model (engine/features/rate_limits/limiter.py)
     Setting(
         'AIJOB_RATE_LIMIT_WINDOW_MS',
         '60000',

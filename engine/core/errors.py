@@ -124,8 +124,9 @@ class QuotaExceededError(AiJobError):
 
 
 class BudgetExceededError(AiJobError):
-    """A create refused because a budget that applies to it is spent (engine/gateway/budgets.py):
-    the message names the budget and when its period resets; Retry-After is the time to it."""
+    """A create refused because a budget that applies to it is spent
+    (engine/features/budgets/ledger.py): the message names the budget and when its period
+    resets; Retry-After is the time to it."""
 
     code = 'BUDGET_EXCEEDED'
     http_status = 429
@@ -486,13 +487,16 @@ class JobDeferred(Exception):
     """Not a failure: the job must wait ``delay_s`` before its next provider call (a provider's
     rate limit is used up, or a budget that says ``wait`` is spent until its period resets).
     The engine hands the job back without spending a retry or holding a worker thread.
-    ``reason`` says which rule deferred it (for the history and the logs)."""
+    ``reason`` says which rule deferred it (for the history and the logs). ``call_out`` says
+    the call was handed on rather than dropped (parked in a provider batch): what the guards
+    reserved for it stays reserved until its answer is used."""
 
-    def __init__(self, delay_s, reason, detail=None):
+    def __init__(self, delay_s, reason, detail=None, call_out=False):
         super().__init__('%s: deferred %.3f s' % (reason, delay_s))
         self.delay_s = max(0.0, float(delay_s))
         self.reason = reason
         self.detail = dict(detail or {})
+        self.call_out = call_out
 
 
 class InternalJobError(JobFailure):

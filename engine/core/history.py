@@ -25,7 +25,7 @@ PROGRESS = 'progress'  # a milestone: at most one per 10 points of progress and 
 CANCEL_REQUESTED = 'cancel_requested'
 # The job waits without a worker until a time (a rate limit, a budget): no retry spent.
 DEFERRED = 'deferred'
-# The job's call went out in a provider batch (engine/gateway/batches/): its batch id.
+# The job's call went out in a provider batch (engine/features/batches/): its batch id.
 BATCH_SUBMITTED = 'batch_submitted'
 SUCCEEDED = 'succeeded'
 FAILED = 'failed'

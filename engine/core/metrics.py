@@ -130,7 +130,7 @@ HTTP_LATENCY = Family(
     ('method', 'route'),
     buckets=HTTP_BUCKETS,
 )
-# The response cache (engine/gateway/cache.py): lookups of job types that opt in.
+# The response cache (engine/features/cache/guard.py): lookups of job types that opt in.
 CACHE_HITS = Family(
     Counter,
     'aijob_cache_hits',

@@ -401,8 +401,8 @@ class AiUserAdmission(BaseModel):
 
 # ---------------------------------------------------------------- budgets (issue 21 item 5)
 class AiBudget(BaseModel):
-    """A budget in money (engine/gateway/budgets.py): ``amount`` per period for one user, one
-    job type or everything, in the units of ai_usage_log.cost."""
+    """A budget in money (engine/features/budgets/ledger.py): ``amount`` per period for one
+    user, one job type or everything, in the units of ai_usage_log.cost."""
 
     id = CharField(max_length=36, primary_key=True)
     scope = CharField(max_length=16)  # user | jobType | global
@@ -451,7 +451,7 @@ class AiBudgetReservation(BaseModel):
 
 
 class AiResponseCache(BaseModel):
-    """The response cache (engine/gateway/cache.py): one row per cache key. A row without
+    """The response cache (engine/features/cache/guard.py): one row per cache key. A row without
     ``output`` is a claim: job ``owner_job_id`` is calling the provider for that key, and
     identical jobs wait for its answer until ``expires_at`` (the claim's expiry). A row with
     ``output`` is an entry, live until ``expires_at``; the purger deletes expired rows."""
@@ -473,7 +473,7 @@ class AiResponseCache(BaseModel):
 
 # ---------------------------------------------------------------- provider batches (issue 22)
 class AiProviderBatch(BaseModel):
-    """One batch sent to a provider's batch API (engine/gateway/batches/): the ids that make
+    """One batch sent to a provider's batch API (engine/features/batches/): the ids that make
     every step idempotent through a restart (the uploaded file, the provider's batch), its
     state as we know it and when to look at it next.
 

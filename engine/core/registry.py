@@ -104,7 +104,7 @@ class CachePolicy:
 
 @dataclass(frozen=True)
 class BatchPolicy:
-    """Provider batches (engine/gateway/batches/), opt-in per definition: the jobs of the
+    """Provider batches (engine/features/batches/), opt-in per definition: the jobs of the
     definition that run on ``ai-background`` are sent in a provider's batch API at its batch
     price, a batch formed when ``max_jobs`` wait or the oldest has waited ``max_wait_ms``."""
 

@@ -245,7 +245,7 @@ class Supervisor:
 
 class Worker:
     """Worker pools, supervisor and the housekeeping loops, in this process. The housekeeping
-    (reaper, reconciler, outbox polling, webhook fan-out, purge, the runtime's ``leader_steps``)
+    (reaper, reconciler, outbox polling, webhook fan-out, purge, the extensions' ``leader_steps``)
     runs only while this process
     holds the leader lease (architecture decision 12); the rest runs in every process. With
     ``with_maintenance=False`` the process never stands for the lease: job threads only."""
@@ -319,7 +319,7 @@ class Worker:
             self._every('purger', config.purge_interval_ms / 1000.0, rt.purger.sweep, conn, lead)
             # The gateway's own leader work (provider batches), handed in by the runtime; a
             # long step asks again between its provider calls whether this process still leads.
-            for name, interval_s, step in rt.leader_steps:
+            for name, interval_s, step in rt.hooks.leader_steps:
                 self._every(name, interval_s, functools.partial(step, lead), conn, lead)
         for pool in self.pools:
             pool.start()

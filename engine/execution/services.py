@@ -67,7 +67,7 @@ def build_ai_services(config, store, guards=None):
     """The kernel's AI services: stored user keys when a master key is set, the gateway of the
     plugins' own providers (the offline synthetic one; job-type plugins add theirs, their
     projectors and prompts). An OpenAI-compatible provider is the gateway extension's
-    (engine/gateway/wiring.py): this module reads no provider setting.
+    (engine/features/gateway/extension.py): this module reads no provider setting.
     ``guards``: the list of call guards the extensions fill (the hook point call_guards)."""
     prompts = default_library()
     credential_store = CredentialStore(store, config.credential_master_key)

@@ -141,7 +141,7 @@ def record_usage(
     """Write the row for provider call ``call_no`` of ``job``, made in its attempt
     ``job.attempt_no``; ``usage`` is a providers.Usage; ``cached``: the response cache answered
     the call (its tokens are the cached answer's, its cost 0); ``usage.batch_id``: a provider
-    batch answered it (engine/gateway/batches/). Runs on
+    batch answered it (engine/features/batches/). Runs on
     the caller's connection, inside its transaction if it has one (the engine writes the row
     of a successful call in the PROJECT transaction)."""
     insert_row(

@@ -14,10 +14,10 @@ from ..core.overview import STATES, Overview
 from ..core.registry import QUEUE_NAMES
 from ..core.states import CANCELLED, FAILED, SUCCEEDED, TERMINAL
 from ..execution.usage import usage_totals
+from ..features.batches import routes as batches
+from ..features.budgets.routes import budget_view
 from . import params as admin_jobs
 from . import views
-from .resources import batches
-from .resources.budgets import budget_view
 
 _BATCH_ID = re.compile(r'^[0-9A-Za-z_-]{1,64}$')
 CHART_WIDTH, CHART_HEIGHT = 720, 120
@@ -247,8 +247,8 @@ def usage(runtime, params):
         until = runtime.store.clock()
         since = until - DEFAULT_USAGE_WINDOW
     values['since'], values['until'] = since, until
-    # Budgets in money against their current period's spend (engine/gateway/budgets.py).
-    values['budgets'] = [budget_view(*listed) for listed in runtime.budgets.listing()]
+    # Budgets in money against their current period's spend (engine/features/budgets/ledger.py).
+    values['budgets'] = [budget_view(*listed) for listed in runtime.features['budgets'].listing()]
     return values
 
 

@@ -13,9 +13,9 @@ from ..core import metrics
 from ..core.errors import AiJobError, ForbiddenError, StoreUnavailableError, UnauthorizedError
 from ..core.logs import log_event
 from ..dispatch.scrape import CONTENT_TYPE, exposition
-from ..gateway.cooldowns import cooldown_gauge
+from ..features.batches.routes import batch_gauges
+from ..features.gateway.cooldowns import cooldown_gauge
 from .auth import TokenStore, bearer_token
-from .resources.batches import batch_gauges
 
 SCRAPE_TIMEOUT_S = 10  # a scraper silent this long is dropped (the worker's own port)
 

@@ -17,7 +17,7 @@ from engine.core.models import (
     AiJobEvent,
     AiUsageLog,
 )
-from engine.execution.openai_client import prompt_token_bound
+from engine.features.gateway.openai_client import prompt_token_bound
 from tests.support.fake_openai import json_reply
 
 MAX_TOKENS = 20  # AIJOB_BUDGET_MAX_TOKENS: the shorthand's entry sets no maxTokens

@@ -27,14 +27,13 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ..core import metrics
-from ..core.errors import JobCancelledError
-from ..core.extension import Extension
-from ..core.history import CACHE_HIT, NewEvent, insert_events
-from ..core.logs import log_event
-from ..core.models import AiJob, AiResponseCache, canonical_hash
-from ..core.store import IntegrityError, db_now
-from ..execution.providers import CallGuard, ProviderResult, Usage
+from ...core import metrics
+from ...core.errors import JobCancelledError
+from ...core.history import CACHE_HIT, NewEvent, insert_events
+from ...core.logs import log_event
+from ...core.models import AiJob, AiResponseCache, canonical_hash
+from ...core.store import IntegrityError, db_now
+from ...execution.providers import CallGuard, ProviderResult, Usage
 
 NOTE = 'cache'  # the guard's key in ProviderCall.notes
 # A claim outlives its owner's provider call (bounded by the definition's timeout) by this much,
@@ -296,19 +295,3 @@ def purge_expired(limit=1000):
         .where(AiResponseCache.cache_key.in_(keys) & (AiResponseCache.expires_at <= db_now()))
         .execute()
     )
-
-
-class CacheExtension(Extension):
-    """The response cache: its guard first among the call guards when a registered definition
-    opts in (with none, no guard: no cost on the call path); its expired entries purged in any
-    case (a definition may have opted out since they were written)."""
-
-    name = 'cache'
-
-    def install(self, kernel, hooks, features):
-        hooks.purge_steps.append(('cache_entries', purge_expired))
-        if not any(definition.cache is not None for definition in kernel.registry.get_all()):
-            return None
-        guard = CacheGuard(kernel.store)
-        hooks.call_guards.append(guard)
-        return guard

@@ -11,7 +11,7 @@ import time
 
 import openai
 
-from ..core.errors import (
+from ...core.errors import (
     ContentSafetyError,
     CredentialError,
     JobCancelledError,
@@ -20,9 +20,9 @@ from ..core.errors import (
     ProviderError,
     ProviderRequestError,
 )
+from ...execution.prompts import default_library
+from ...execution.providers import Provider, ProviderResult, Usage
 from .context_errors import context_length_sign
-from .prompts import default_library
-from .providers import Provider, ProviderResult, Usage
 
 WATCH_INTERVAL_S = 0.05  # how soon a cancel or deadline interrupts a stalled read
 CHARS_PER_TOKEN = 4  # the usual estimate when a server reports no usage
@@ -85,7 +85,7 @@ class OpenAICompatibleProvider(Provider):
 
     def chat_body(self, request, messages=None):
         """The chat completion body of ``request`` as this provider sends it, streaming left
-        out: the online call and a provider batch's line (engine/gateway/batches/) send the
+        out: the online call and a provider batch's line (engine/features/batches/) send the
         same request. ``messages``: already rendered (default: rendered here)."""
         if messages is None:
             messages = self.prompts.render(request)

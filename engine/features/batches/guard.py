@@ -23,9 +23,9 @@ import contextlib
 from ...core.errors import JobDeferred, ProviderError
 from ...core.registry import BATCH_QUEUE
 from ...execution.attempt import LOCK_LOST
-from ...execution.openai_client import OpenAICompatibleProvider, parse_completion, status_failure
 from ...execution.providers import CallGuard, Usage
-from ..providers_config import Entry
+from ..gateway.openai_client import OpenAICompatibleProvider, parse_completion, status_failure
+from ..gateway.providers_config import Entry
 from . import items
 from .items import ANSWERED, BATCHED, EXPIRED, FAILED, PARKED, WAITING
 
@@ -117,7 +117,7 @@ class BatchGuard(CallGuard):
 
 def _parked(batch_id):
     detail = {'batchId': batch_id} if batch_id else {}
-    return JobDeferred(PARK_DELAY_S, PARKED, detail)
+    return JobDeferred(PARK_DELAY_S, PARKED, detail, call_out=True)
 
 
 def _billed(usage, batch_id):

@@ -38,8 +38,8 @@ import time
 
 from prometheus_client.core import GaugeMetricFamily
 
-from ..core.logs import log_event
-from ..execution.providers import CallGuard, EntryUnavailable
+from ...core.logs import log_event
+from ...execution.providers import CallGuard, EntryUnavailable
 
 # How long a call waits when a failed entry has as many calls in flight as failures are still
 # allowed (it moves to the next entry, or the job is deferred this long).

@@ -9,15 +9,13 @@ in."""
 
 import logging
 
-from ...core.extension import Extension
 from ...core.logs import log_event
 from . import items
 from .api import BatchApi, BatchApiError
 from .batcher import BUILDING, UPLOADED, Batcher
-from .guard import BatchGuard
 from .poller import Poller
 
-__all__ = ('BatchRunner', 'BatchesExtension')
+__all__ = ('BatchRunner',)
 
 
 class BatchRunner:
@@ -128,24 +126,3 @@ def opted_in(registry, table):
     if any(getattr(d, 'batch', None) is not None for d in registry.get_all()):
         return True
     return any(m.batch is not None for p in table.providers.values() for m in p.models.values())
-
-
-class BatchesExtension(Extension):
-    """Provider batches, when the gateway is routed (AIJOB_PROVIDERS or the shorthand) and a
-    definition or a route entry opts in: the BatchGuard among the call guards, the runner's
-    step on the housekeeping leader every AIJOB_BATCH_INTERVAL_MS. A billed line of a cancelled
-    job is spent against the budgets, when installed."""
-
-    name = 'batches'
-
-    def install(self, kernel, hooks, features):
-        table = getattr(kernel.ai.gateway, 'table', None)
-        if table is None or not opted_in(kernel.registry, table):
-            return None
-        config = kernel.config
-        hooks.call_guards.append(BatchGuard(kernel.store, table))
-        runner = BatchRunner(
-            kernel.store, kernel.outbox, table, kernel.ai.pricing, config, features.get('budgets')
-        )
-        hooks.leader_steps.append(('batches', config.batch_interval_ms / 1000.0, runner.step))
-        return runner

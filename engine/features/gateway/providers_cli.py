@@ -1,9 +1,9 @@
 """``python aijob.py providers [--check]``: the configured providers, models (context, maxTokens,
 limits, prices) and routes, keys masked; with ``--check``, each provider's ``GET /models``."""
 
-from ..core.errors import AiJobError
-from ..execution.credentials import mask_key
-from ..execution.openai_client import OpenAICompatibleProvider
+from ...core.errors import AiJobError
+from ...execution.credentials import mask_key
+from .openai_client import OpenAICompatibleProvider
 from .providers_config import load
 
 CHECK_TIMEOUT_S = 10.0

@@ -6,3 +6,5 @@ BatchGuard around each call), ``batcher`` (form, upload, create), ``poller`` (po
 cancel), ``runner`` (the one step the housekeeping leader runs) and ``api`` (the client of the
 provider's files and batches). docs/architecture.md, decision 18, says why a parked job is a
 deferral with an item row and how each step is idempotent."""
+
+USES = ('gateway',)  # the budgets: through their handle, when installed

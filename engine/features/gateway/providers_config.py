@@ -23,7 +23,7 @@ AIJOB_PLATFORM_API_KEY, and parsed by the same ``parse``: the same config, no pr
 (a one-provider setup that needs either writes AIJOB_PROVIDERS).
 
 A model's ``batch`` sends the ``ai-background`` jobs routed to it through the provider's batch
-API (engine/gateway/batches/); it wins over a definition's own ``batch``, since the operator
+API (engine/features/batches/); it wins over a definition's own ``batch``, since the operator
 knows which providers offer the batch API and how their batches are best sized.
 
 Every error is a ConfigError of one line that names the entry at fault.
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 from urllib.parse import urlsplit
 
-from ..core.errors import ConfigError, InvalidDefinitionError
-from ..core.registry import BatchPolicy, validate_batch_policy
-from ..execution.usage import parse_price
+from ...core.errors import ConfigError, InvalidDefinitionError
+from ...core.registry import BatchPolicy, validate_batch_policy
+from ...execution.usage import parse_price
 
 SETTING = 'AIJOB_PROVIDERS'
 SHORTHAND = 'AIJOB_PROVIDER_BASE_URL'

@@ -34,10 +34,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..core.errors import JobDeferred
-from ..core.extension import Extension
-from ..core.logs import log_event
-from ..execution.providers import CallGuard, EntryUnavailable
+from ...core.errors import JobDeferred
+from ...core.logs import log_event
+from ...execution.providers import CallGuard, EntryUnavailable
 
 RATE_LIMIT = 'rate_limit'  # the reason a deferral or an unavailable entry names
 # The limiter itself cannot be reached (Redis down): the job waits this long and tries again
@@ -453,20 +452,3 @@ class RateLimitGuard(CallGuard):
                 entry=entry,
                 error_type=exc.__class__.__name__,
             )
-
-
-class RateLimitsExtension(Extension):
-    """Provider rate limits (the provider config's models' ``limits``), held by every worker
-    together in the queue's Redis (in the process on the embedded default): the guard last
-    among the call guards, so a call refused before books no slot. Off when no limit is set."""
-
-    name = 'rate_limits'
-
-    def install(self, kernel, hooks, features):
-        gateway = features.get('gateway')
-        limits = gateway.table.limits() if gateway is not None else {}
-        guard = RateLimitGuard.from_config(kernel.config, kernel.redis, limits)
-        if not guard.limits:
-            return None
-        hooks.call_guards.append(guard)
-        return guard

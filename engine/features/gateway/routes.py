@@ -23,12 +23,12 @@ import contextlib
 import dataclasses
 import logging
 
-from ..core import history
-from ..core.errors import ConfigError
-from ..core.history import NewEvent, insert_events
-from ..core.logs import log_event
-from ..execution.openai_client import OpenAICompatibleProvider, prompt_measures
-from ..execution.providers import AiGateway, CallGuard, Credential, ProviderCall
+from ...core import history
+from ...core.errors import ConfigError
+from ...core.history import NewEvent, insert_events
+from ...core.logs import log_event
+from ...execution.providers import AiGateway, CallGuard, Credential, ProviderCall
+from .openai_client import OpenAICompatibleProvider, prompt_measures
 from .providers_config import SHORTHAND_PROVIDER, Entry
 
 CONTEXT_LENGTH = 'PROVIDER_BAD_REQUEST_CONTEXT_LENGTH'

@@ -17,7 +17,7 @@ it was reserved in.
 
 A reservation whose worker died before settling is released by the reaper (``release_leaked``)
 once its job's lock is gone: the job finished, moved on to another attempt, or its lock expired
-``grace_ms`` ago, unless a provider batch still holds the job's call (engine/gateway/batches/: a
+``grace_ms`` ago, unless a provider batch still holds the job's call (engine/features/batches/: a
 parked call keeps its reservation until its line is answered and used); and a worker that takes
 over a job whose lock expired releases the reservations of the job's earlier attempts when it
 reserves. Settling and releasing each delete the reservation row first and give back the
@@ -29,7 +29,6 @@ check among the create checks, its release among the reaper's steps."""
 
 import calendar
 import datetime
-import functools
 import random
 import threading
 import time
@@ -37,16 +36,10 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from decimal import ROUND_UP, Decimal
 
-from ..core.errors import BudgetExceededError, BudgetExceededFailure, JobDeferred, JobFailure
-from ..core.extension import Extension
-from ..core.logs import log_event
-from ..core.models import AiBudget, AiBudgetSpend, new_id
-from ..core.sql import placeholders, statement
-from ..execution.openai_client import prompt_measures
-from ..execution.providers import CallGuard
-from ..execution.usage import max_call_cost
-from .batches.items import OPEN_STATES as OPEN_ITEM_STATES
-from .batches.items import PARKED
+from ...core.errors import BudgetExceededError
+from ...core.logs import log_event
+from ...core.models import AiBudget, AiBudgetSpend, new_id
+from ...core.sql import placeholders, statement
 
 SCOPES = ('user', 'jobType', 'global')
 PERIODS = ('day', 'month', 'total')
@@ -221,15 +214,14 @@ INSERT_RESERVATION = statement(
 )
 DELETE_RESERVATION = statement('DELETE FROM ai_budget_reservation WHERE id = %s')
 # Reservations whose job's lock is gone: the job is missing or not running, or it runs another
-# attempt or its lock expired more than the reaper's grace ago while no provider batch holds
-# its call (a parked job's reservation covers its line until the line is answered and used).
-LEAKED = statement(
+# attempt or its lock expired more than the reaper's grace ago while nothing holds its call (a
+# feature that hands a call on, provider batches, adds its condition: Budgets.hold_calls).
+LEAKED = (
     'SELECT r.id, r.amount_micros, r.spend_ids FROM ai_budget_reservation r '
     'LEFT JOIN ai_job j ON j.id = r.job_id '
     "WHERE j.id IS NULL OR j.lifecycle_status <> 'running' OR ((j.attempt_no <> r.attempt_no "
-    'OR j.lock_until IS NULL OR j.lock_until < {now_plus}) AND NOT EXISTS (SELECT 1 FROM '
-    'ai_provider_batch_item i WHERE i.job_id = r.job_id AND i.state IN (%s))) '
-    'ORDER BY r.id LIMIT %d' % (', '.join("'%s'" % s for s in OPEN_ITEM_STATES), RELEASE_BATCH)
+    'OR j.lock_until IS NULL OR j.lock_until < {now_plus})%s) '
+    'ORDER BY r.id LIMIT %d'
 )
 EARLIER_ATTEMPTS = statement(
     'SELECT id, amount_micros, spend_ids FROM ai_budget_reservation '
@@ -305,6 +297,17 @@ class Budgets:
         # A unit of database work outside a transaction, as the engine takes them: a pooled
         # connection on MySQL; SQLite keeps one per thread.
         self._unit = store.connection if store.dialect == 'mysql' else nullcontext
+        # SQL conditions on a reservation ``r`` that say its call is still out (see LEAKED).
+        self._holds = []
+
+    def hold_calls(self, condition):
+        """Keep a dead worker's reservation while ``condition`` (SQL on the reservation ``r``:
+        an EXISTS, say) holds: the call was handed on and its answer is still to be used."""
+        self._holds.append(condition)
+
+    def _leaked(self):
+        held = ''.join(' AND NOT (%s)' % condition for condition in self._holds)
+        return statement(LEAKED % (held, RELEASE_BATCH))
 
     # -- the per-process list
     def all(self):
@@ -498,7 +501,7 @@ class Budgets:
         module's docstring). Returns how many were released."""
         released = 0
         while True:
-            rows = self.store.execute(LEAKED, (self.store.ms_param(-grace_ms),)).fetchall()
+            rows = self.store.execute(self._leaked(), (self.store.ms_param(-grace_ms),)).fetchall()
             for row in rows:
                 leaked = _reservation_from_row(row)
                 released += self.store.run_in_transaction(lambda tx, r=leaked: self._release(r))
@@ -547,99 +550,3 @@ class Budgets:
         total = self.store.execute(statement(USAGE_SUM + where), params).fetchone()[0]
         # SQLite sums DECIMAL columns as floats: str() and 6 places give back the stored value.
         return to_micros(Decimal(str(total)).quantize(Decimal('0.000001')))
-
-
-# ---------------------------------------------------------------- the guard
-class BudgetGuard(CallGuard):
-    """Reserves each call's maximum cost before it (or fails the job BUDGET_EXCEEDED, or defers
-    it when every budget it would pass says ``wait``, or while calls in flight hold the room it
-    needs), settles the reservation with the call's usage row, and releases it when the call
-    was not made."""
-
-    NOTE = 'budgets'
-
-    def __init__(self, budgets, pricing, max_tokens):
-        self.budgets = budgets
-        self.pricing = pricing
-        self.max_tokens = max_tokens  # for calls whose route entry sets no max_tokens
-
-    def before(self, call):
-        job = call.job
-        if not self.budgets.applicable(job.user_id, job.job_type):
-            return None
-        max_micros = self.max_cost_micros(call)
-        if not max_micros:  # a call with no price spends nothing: there is nothing to hold
-            return None
-        outcome = self.budgets.reserve(job, call.call_no, max_micros)
-        if isinstance(outcome, Exceeded):
-            raise self._refusal(outcome)
-        if isinstance(outcome, InFlight):
-            detail = {'budgetIds': [b.id for b in outcome.budgets], 'inFlight': True}
-            raise JobDeferred(outcome.wait_s(job.defer_count or 0), 'budget', detail)
-        if outcome is not None:
-            call.notes[self.NOTE] = outcome
-        return None
-
-    def after(self, call, usage, failure):
-        # A JobFailure (or a success) gets its usage row, which settles the reservation; a
-        # deferral or a route entry found unavailable gets none: give the reservation back.
-        reservation = call.notes.get(self.NOTE)
-        if reservation is None or failure is None or isinstance(failure, JobFailure):
-            return
-        if isinstance(failure, JobDeferred) and failure.reason == PARKED:
-            # Parked in a provider batch: the reservation covers the line until it is answered
-            # (the next lock's reserve, or the reaper once the job ends, gives it back).
-            return
-        self.budgets.release(reservation)
-
-    def settle(self, call, usage, cost, error_code):
-        reservation = call.notes.get(self.NOTE)
-        if reservation is not None:
-            self.budgets.settle(reservation, cost)
-
-    def max_cost_micros(self, call):
-        """The most the call can cost: its prompt's token bound at the prompt price plus its
-        max_tokens at the completion price (a provider without templates: the prompt tokens
-        its gateway estimated)."""
-        prompt_tokens = call.prompt_token_bound  # the routed gateway's, from its one rendering
-        if prompt_tokens is None:
-            prompt_tokens = prompt_measures(call.provider, call.request)[1]
-        if prompt_tokens is None:
-            prompt_tokens = call.prompt_tokens
-        completion_tokens = call.max_tokens or self.max_tokens
-        price = call.price
-        if price is None:  # a call no route entry priced: the provider config's, if any
-            price = self.pricing.price(call.provider_key, call.model)
-        return to_micros(max_call_cost(price, prompt_tokens, completion_tokens))
-
-    def _refusal(self, exceeded):
-        first = exceeded.budgets[0]
-        if exceeded.must_fail():
-            message = 'budget %s exceeded: reserving %s would pass %s' % (
-                first.id,
-                from_micros(exceeded.max_micros),
-                first.describe(),
-            )
-            return BudgetExceededFailure(
-                message, public_message=refusal_message(first, exceeded.now)
-            )
-        return JobDeferred(
-            exceeded.wait_s(), 'budget', {'budgetIds': [b.id for b in exceeded.budgets]}
-        )
-
-
-class BudgetsExtension(Extension):
-    """Budgets in money: the BudgetGuard around every call, the create-time refusal of a spent
-    budget, and the reaper's release of a dead worker's reservations. Its handle, the Budgets
-    ledger, is what the admin API and the batches read."""
-
-    name = 'budgets'
-
-    def install(self, kernel, hooks, features):
-        budgets = Budgets(kernel.store)
-        config = kernel.config
-        hooks.call_guards.append(BudgetGuard(budgets, kernel.ai.pricing, config.budget_max_tokens))
-        hooks.create_checks.append(budgets.check_creatable)
-        release = functools.partial(budgets.release_leaked, config.reap_after_ms)
-        hooks.reaper_steps.append(('reservations_released', release))
-        return budgets

@@ -5,8 +5,8 @@ shorthand written as the same config) is built here and only here; the kernel's 
 the plugins' own providers (synthetic). With no provider configured, nothing changes: no
 guard, the call path as it was, every call costing 0."""
 
-from ..core.errors import ConfigError
-from ..core.extension import Extension
+from ...core.errors import ConfigError
+from ...core.extension import Extension
 from .cooldowns import CooldownGuard, open_cooldowns
 from .providers_config import load
 from .routes import FallbackGuard, RoutedGateway

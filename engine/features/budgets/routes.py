@@ -1,7 +1,6 @@
 """The budget resource (SUPER_ADMIN): budgets in money per user, job type or in total
-(``PUT/GET/DELETE /admin-api/ai/budgets``; engine/gateway/budgets.py keeps and enforces them),
-the checks of what an admin sends, the shape the API shows, and their part of the OpenAPI
-document."""
+(``PUT/GET/DELETE /admin-api/ai/budgets``; ledger.py keeps and enforces them), the checks of
+what an admin sends, the shape the API shows, and their part of the OpenAPI document."""
 
 import re
 from decimal import Decimal
@@ -10,9 +9,8 @@ import bottle
 
 from ...core.errors import BudgetNotFoundError, InvalidRequestError, UnknownJobTypeError
 from ...core.logs import log_event
-from ...gateway.budgets import ON_EXCEEDED, PERIODS, SCOPES, from_micros, period_reset
-from .. import parsing
-from ..openapi import (
+from ...http import parsing
+from ...http.openapi import (
     MONEY,
     NOT_BLANK,
     NULLABLE_TIME,
@@ -22,8 +20,9 @@ from ..openapi import (
     path_param,
     ref,
 )
-from ..replies import reply
-from ..views import iso
+from ...http.replies import reply
+from ...http.views import iso
+from .ledger import ON_EXCEEDED, PERIODS, SCOPES, from_micros, period_reset
 
 BUDGET_FIELDS = ('scope', 'subject', 'period', 'amount', 'onExceeded')
 # DECIMAL(14, 6): at most 8 digits before the point and 6 after it, never negative.
@@ -31,13 +30,13 @@ AMOUNT = re.compile(r'^[0-9]{1,8}(\.[0-9]{1,6})?$')
 MAX_SUBJECT = 64
 
 
-class Budgets:
-    """The budget routes, over the runtime's Budgets."""
+class BudgetRoutes:
+    """The budget routes, over the budgets ledger."""
 
     def __init__(self, runtime, access):
         self.access = access
         self.max_body_bytes = runtime.config.max_body_bytes
-        self.budgets = runtime.budgets
+        self.budgets = runtime.features['budgets']
         self.registry = runtime.registry
 
     def routes(self):

@@ -12,8 +12,8 @@ from peewee import SQL, fn
 
 from ...core.logs import log_event
 from ...core.models import AiJob, AiProviderBatch, AiProviderBatchItem
-from ...execution.openai_client import completion_usage
 from ...execution.usage import record_usage
+from ..gateway.openai_client import completion_usage
 from . import items
 from .batcher import CANCELLING, ENDED, SUBMITTED, TERMINAL
 from .items import ANSWERED, BATCHED, CANCELLED, EXPIRED, FAILED
@@ -66,7 +66,7 @@ class Poller:
         self.poll_first_ms = poll_first_ms
         self.poll_max_ms = poll_max_ms
         self.chunk = chunk
-        self.budgets = budgets  # the ledger of engine/gateway/budgets.py, or None
+        self.budgets = budgets  # the ledger of engine/features/budgets/ledger.py, or None
 
     def due(self):
         """The open batches whose next poll has come."""

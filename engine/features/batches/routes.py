@@ -1,7 +1,7 @@
 """The provider batch resource: provider batches as operators see them (issue 22 item 5). The
 admin list ``GET /admin-api/ai/batches`` with its checks, keyset pages and part of the OpenAPI
 document; one batch with its jobs for the dashboard; the gauges a scrape reads. Reads only: the
-batcher (engine/gateway/batches/) writes these tables.
+batcher (engine/features/batches/) writes these tables.
 
 Every read is bounded: a page of batches by (created_at, id), a batch's items by their batch id,
 the waiting items and the open batches through their state indexes. Only the cost gauge reads
@@ -16,9 +16,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ...core.errors import BatchNotFoundError, InvalidRequestError
 from ...core.models import AiJob, AiProviderBatch, AiProviderBatchItem
-from ...gateway.batches import batcher, items
-from .. import parsing
-from ..openapi import (
+from ...http import parsing
+from ...http.openapi import (
     MONEY,
     NULLABLE_TIME,
     TIME,
@@ -28,9 +27,10 @@ from ..openapi import (
     query_param,
     ref,
 )
-from ..params import DEFAULT_PAGE_SIZE, EPOCH, MAX_PAGE_SIZE, whole_number
-from ..replies import reply
-from ..views import iso
+from ...http.params import DEFAULT_PAGE_SIZE, EPOCH, MAX_PAGE_SIZE, whole_number
+from ...http.replies import reply
+from ...http.views import iso
+from . import batcher, items
 
 BATCH_STATES = (
     batcher.BUILDING,
@@ -52,7 +52,7 @@ _NULLABLE_TEXT = {'type': ['string', 'null']}
 _COUNT = {'type': 'integer', 'minimum': 0}
 
 
-class Batches:
+class BatchRoutes:
     """GET /admin-api/ai/batches."""
 
     def __init__(self, runtime, access):

@@ -1,0 +1,40 @@
+"""How provider batches join a runtime."""
+
+from ...core.extension import Extension
+from . import items
+from .guard import BatchGuard
+from .routes import BatchRoutes
+from .runner import BatchRunner, opted_in
+
+
+class BatchesExtension(Extension):
+    """Provider batches, when the gateway is routed (AIJOB_PROVIDERS or the shorthand) and a
+    definition or a route entry opts in: the BatchGuard among the call guards, the runner's
+    step on the housekeeping leader every AIJOB_BATCH_INTERVAL_MS. A billed line of a cancelled
+    job is spent against the budgets, when installed."""
+
+    name = 'batches'
+
+    def install(self, kernel, hooks, features):
+        # The operators' list answers whether or not anything opts in (an empty page then).
+        hooks.http_resources.append(BatchRoutes)
+        table = getattr(kernel.ai.gateway, 'table', None)
+        if table is None or not opted_in(kernel.registry, table):
+            return None
+        config = kernel.config
+        hooks.call_guards.append(BatchGuard(kernel.store, table))
+        runner = BatchRunner(
+            kernel.store, kernel.outbox, table, kernel.ai.pricing, config, features.get('budgets')
+        )
+        hooks.leader_steps.append(('batches', config.batch_interval_ms / 1000.0, runner.step))
+        budgets = features.get('budgets')
+        if budgets is not None:
+            # A parked call keeps its budget reservation until its line is answered and used.
+            budgets.hold_calls(HOLDS_RESERVATION)
+        return runner
+
+
+HOLDS_RESERVATION = (
+    'EXISTS (SELECT 1 FROM ai_provider_batch_item i WHERE i.job_id = r.job_id AND i.state IN (%s))'
+    % ', '.join("'%s'" % state for state in items.OPEN_STATES)
+)
