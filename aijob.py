@@ -38,8 +38,9 @@ def cmd_initdb(config, args):
 
 def cmd_config(config, args):
     from engine.core.config import describe
+    from engine.extensions import SETTINGS
 
-    print(describe())
+    print(describe(SETTINGS))
 
 
 def cmd_worker(config, args):
@@ -248,13 +249,13 @@ def build_parser():
 
 
 def main(argv=None):
-    from engine.core.config import Config
     from engine.core.errors import AiJobError
     from engine.core.store import OperationalError
+    from engine.extensions import load_config
 
     args = build_parser().parse_args(argv)
     try:
-        config = Config.from_env()
+        config = load_config()
         return COMMANDS[args.command][0](config, args) or 0
     except AiJobError as exc:
         print('aijob: error: %s' % exc, file=sys.stderr)
@@ -273,13 +274,13 @@ def __getattr__(name):
     if name != 'app':
         raise AttributeError(name)
     if _app is None:
-        from engine.core.config import Config
         from engine.core.logs import configure as configure_logging
+        from engine.extensions import load_config
         from engine.http.app import create_app
         from engine.runtime import Runtime
 
         configure_logging()
-        _app = create_app(Runtime(Config.from_env(), role='web'))
+        _app = create_app(Runtime(load_config(), role='web'))
     return _app
 
 

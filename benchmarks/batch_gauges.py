@@ -18,8 +18,8 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.core.config import Config  # noqa: E402
 from engine.core.models import AiProviderBatch, AiProviderBatchItem  # noqa: E402
+from engine.extensions import load_config  # noqa: E402
 from engine.features.batches.routes import batch_gauges  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
@@ -70,7 +70,7 @@ def main():
     parser.add_argument('--items', type=int, default=1000)
     parser.add_argument('--rounds', type=int, default=20)
     args = parser.parse_args()
-    runtime = Runtime(Config.from_env(dict(os.environ, AIJOB_REDIS_URL='')), role='bench')
+    runtime = Runtime(load_config(dict(os.environ, AIJOB_REDIS_URL='')), role='bench')
     runtime.create_schema()
     with runtime.store.connection():
         ids = fill(runtime.store, args.batches, args.items)

@@ -25,11 +25,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.core.config import Config  # noqa: E402
 from engine.core.models import MODELS, AiJob  # noqa: E402
 from engine.core.registry import CachePolicy, JobDefinitionRegistry  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
 from engine.core.states import TERMINAL  # noqa: E402
+from engine.extensions import load_config  # noqa: E402
 from engine.jobtypes.synthetic import synthetic_definition  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
@@ -48,7 +48,7 @@ def registry(kind):
 
 def run(kind, jobs, database_url):
     """(jobs/s, CPU ms per job) of one round of ``kind``."""
-    config = Config.from_env(
+    config = load_config(
         {
             'AIJOB_DATABASE_URL': database_url,
             'AIJOB_MAX_ACTIVE_JOBS_PER_USER': '0',

@@ -39,10 +39,10 @@ sys.path.insert(0, ROOT)
 import pymysql  # noqa: E402
 import redis  # noqa: E402
 
-from engine.core.config import Config  # noqa: E402
 from engine.core.models import MODELS, AiJob  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
 from engine.core.states import TERMINAL  # noqa: E402
+from engine.extensions import load_config  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
 DATABASE_URL = 'mysql://root@127.0.0.1:3306/test_conc'
@@ -148,7 +148,7 @@ class Bench:
             'AIJOB_REDIS_PREFIX': self.prefix,
             'AIJOB_INTERACTIVE_CONCURRENCY': str(args.jobs),
         }
-        self.runtime = Runtime(Config.from_env(dict(os.environ, **self.base_env)), role='conc')
+        self.runtime = Runtime(load_config(dict(os.environ, **self.base_env)), role='conc')
         self.runtime.create_schema()
         with self.runtime.store.connection():
             for model in MODELS:

@@ -27,8 +27,8 @@ sys.path.insert(0, ROOT)
 import pymysql  # noqa: E402
 import pymysql.cursors  # noqa: E402
 
-from engine.core.config import Config  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
+from engine.extensions import load_config  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
 CAPTURED_USER = 'driver-bench-capture'
@@ -119,7 +119,7 @@ def main():
     parser.add_argument('--creates', type=int, default=1500)
     parser.add_argument('--rounds', type=int, default=4)
     args = parser.parse_args()
-    config = Config.from_env()
+    config = load_config()
     if config.database_url.split(':')[0] not in ('mysql', 'mariadb'):
         sys.exit('AIJOB_DATABASE_URL must name a MariaDB/MySQL database')
     runtime = Runtime(config, role='bench')

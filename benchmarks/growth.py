@@ -41,8 +41,8 @@ sys.path.insert(0, ROOT)
 
 import pymysql  # noqa: E402
 
-from engine.core.config import Config  # noqa: E402
 from engine.core.models import AiJob  # noqa: E402
+from engine.extensions import load_config  # noqa: E402
 from engine.http import params as admin_params  # noqa: E402
 from engine.http.app import create_app  # noqa: E402
 from engine.http.auth import TokenStore  # noqa: E402
@@ -452,7 +452,7 @@ def alternate(args):
             ('filled', args.database_url),
             ('empty', empty_url),
         ):
-            config = Config.from_env(dict(base, AIJOB_DATABASE_URL=url))
+            config = load_config(dict(base, AIJOB_DATABASE_URL=url))
             gets[name].append(measure(config, args.gets, None)[0]['p50'])
         print(
             '  status GET p50: empty %s ms, filled %s ms'
@@ -510,7 +510,7 @@ def run(args):
         return alternate(args)
     if args.admin_only:
         env = dict(os.environ, AIJOB_DATABASE_URL=args.database_url, AIJOB_REDIS_URL=args.redis_url)
-        status, pages = measure(Config.from_env(env), args.gets, args.deep_pages)
+        status, pages = measure(load_config(env), args.gets, args.deep_pages)
         print('status GET: p50 %.3f ms, mean %.3f ms' % (status['p50'], status['mean']))
         for name, (first, deep, depth) in pages.items():
             print('admin list %-28s first %6.2f ms  page %3d %6.2f ms' % (name, first, depth, deep))
@@ -523,7 +523,7 @@ def run(args):
         AIJOB_OUTBOX_RETENTION_MS=RETENTION_DURING_BENCH_MS,
         AIJOB_HISTORY_RETENTION_MS=RETENTION_DURING_BENCH_MS,
     )
-    config = Config.from_env(env)
+    config = load_config(env)
     recreate_database(args.database_url)
     flush_redis(args.redis_url)
     runtime = Runtime(config, role='growth')
@@ -565,7 +565,7 @@ def run(args):
         )
     print('admin_worst_after_ms=%.2f (target < 50)' % worst)
     if not args.no_purge:
-        default = Config.from_env(dict(env, AIJOB_OUTBOX_RETENTION_MS=str(7 * 86_400_000)))
+        default = load_config(dict(env, AIJOB_OUTBOX_RETENTION_MS=str(7 * 86_400_000)))
         counts, elapsed = purge_once(default)
         print(
             'purge at the default retention: %s in %.1fs; rows now %s'

@@ -20,10 +20,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from engine.core.config import Config  # noqa: E402
 from engine.core.fences import Fence  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
 from engine.execution.engine import ExecutionEngine  # noqa: E402
+from engine.extensions import load_config  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
 WORKER = 'worker-bench'
@@ -59,7 +59,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--jobs', type=int, default=1000)
     args = parser.parse_args()
-    runtime = Runtime(Config.from_env(), role='bench')
+    runtime = Runtime(load_config(), role='bench')
     runtime.create_schema()
     runtime.service.dispatch_now = None  # no push: the worker's side only
     store, lifecycle = runtime.store, runtime.lifecycle

@@ -39,10 +39,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from engine.core.config import Config  # noqa: E402
 from engine.core.models import AiJob  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
 from engine.core.states import TERMINAL  # noqa: E402
+from engine.extensions import load_config  # noqa: E402
 from engine.http.auth import TokenStore  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
@@ -385,7 +385,7 @@ def median_line(label, values, unit=''):
 
 def main(argv=None):
     args = parse_args(argv)
-    config = Config.from_env()
+    config = load_config()
     if not config.database_url.startswith(('mysql:', 'mariadb:')) or not config.uses_redis:
         raise SystemExit('poll_bench: needs AIJOB_DATABASE_URL=mysql://… and AIJOB_REDIS_URL')
     token, job_id = prepare(config)

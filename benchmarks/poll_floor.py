@@ -29,9 +29,9 @@ from gunicorn.app.base import BaseApplication  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.core.config import Config  # noqa: E402
 from engine.core.logs import configure as configure_logging  # noqa: E402
 from engine.core.store import LOOPBACK_HOSTS  # noqa: E402
+from engine.extensions import load_config  # noqa: E402
 from engine.server import gunicorn_options  # noqa: E402
 
 QUERY = 'SELECT * FROM ai_job WHERE id = %s'
@@ -110,7 +110,7 @@ def main(argv=None):
     parser.add_argument('--port', type=int, default=8100)
     parser.add_argument('--workers', type=int, help='default AIJOB_WEB_WORKERS, as `web`')
     args = parser.parse_args(argv)
-    config = Config.from_env()
+    config = load_config()
     configure_logging()
     options = gunicorn_options(config, args.host, args.port, args.workers or config.web_workers)
     FloorGunicorn(config.database_url, options).run()

@@ -37,9 +37,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pymysql  # noqa: E402
 
-from engine.core.config import Config  # noqa: E402
 from engine.core.models import AiJob, AiJobEvent  # noqa: E402
 from engine.core.states import TERMINAL  # noqa: E402
+from engine.extensions import load_config  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 from tests.support.backends import delete_redis_keys, reset_tables  # noqa: E402
 from tests.support.fake_openai import FakeOpenAI  # noqa: E402
@@ -92,7 +92,7 @@ def one_round(args, folder):
         AIJOB_REDIS_URL=args.redis_url,
         AIJOB_REDIS_PREFIX=prefix,
     )
-    runtime = Runtime(Config.from_env(env), role='bench')
+    runtime = Runtime(load_config(env), role='bench')
     workers = []
     try:
         runtime.create_schema()

@@ -33,7 +33,7 @@ import uuid
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from engine.core.config import Config  # noqa: E402
+from engine.extensions import load_config  # noqa: E402
 from engine.http.auth import TokenStore  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
@@ -113,7 +113,7 @@ def main():
     env.setdefault('AIJOB_REDIS_URL', DEFAULT_REDIS)
     env['AIJOB_REDIS_PREFIX'] = 'slowbench-%s' % uuid.uuid4().hex[:8]
     env.setdefault('AIJOB_MAX_ACTIVE_JOBS_PER_USER', '0')
-    config = Config.from_env(env)
+    config = load_config(env)
     runtime = Runtime(config, role='bench')
     runtime.create_schema()
     with runtime.store.connection():

@@ -29,8 +29,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from engine.core.config import Config  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
+from engine.extensions import load_config  # noqa: E402
 from engine.http.auth import TokenStore  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
@@ -176,7 +176,7 @@ def main():
     parser.add_argument('--streams', default='500,1000,2000,4000', help='counts to try')
     args = parser.parse_args()
     counts = [int(c) for c in args.streams.split(',')]
-    config = Config.from_env()
+    config = load_config()
     token, job_ids = prepare(config)
     port = free_port()
     env = dict(

@@ -42,9 +42,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from engine.core.config import Config  # noqa: E402
 from engine.dispatch.deltas import MemoryTextChannel, RedisTextChannel  # noqa: E402
 from engine.execution.deltas import DeltaPump  # noqa: E402
+from engine.extensions import load_config  # noqa: E402
 from engine.http.auth import TokenStore  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 from tests.support.fake_openai import FakeOpenAI, json_reply  # noqa: E402
@@ -308,7 +308,7 @@ def main():
         folder = tempfile.mkdtemp(prefix='aijob-text-bench-')
         os.environ['AIJOB_DATABASE_URL'] = 'sqlite:///%s/aijob.db' % folder
         os.environ['AIJOB_REDIS_URL'] = ''
-    config = Config.from_env()
+    config = load_config()
     if not config.redis_url and not args.embedded:
         raise SystemExit('text_bench: set AIJOB_REDIS_URL (web and worker are two processes)')
     token = prepare(config)

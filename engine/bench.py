@@ -38,6 +38,7 @@ from .core.config import Config
 from .core.models import AiJob
 from .core.service import CreateJobInput
 from .core.states import TERMINAL
+from .extensions import load_config
 from .runtime import Runtime
 
 CREATORS = 4  # client threads creating jobs, as several web requests would
@@ -72,7 +73,7 @@ def gateway_config(environ):
     """The Config of ``--gateway``: the environment plus GATEWAY_SETTINGS, which are also put
     in ``environ`` for the worker process the bench starts."""
     environ.update(GATEWAY_SETTINGS)
-    return Config.from_env(environ)
+    return load_config(environ)
 
 
 def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False):

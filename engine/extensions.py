@@ -12,6 +12,7 @@ extensions install in:
 - rate limits last: a call refused by anything before books no slot.
 Removing a feature is removing its line here (and its folder)."""
 
+from .core import config
 from .features.batches.extension import BatchesExtension
 from .features.budgets.extension import BudgetsExtension
 from .features.cache.extension import CacheExtension
@@ -25,3 +26,15 @@ INSTALLED = (
     BatchesExtension(),
     RateLimitsExtension(),
 )
+
+# Every setting: the kernel's, then each installed feature's (README "Settings" lists them all).
+SETTINGS = config.SETTINGS + tuple(s for extension in INSTALLED for s in extension.settings)
+TOGETHER = config.TOGETHER + tuple(t for extension in INSTALLED for t in extension.together)
+
+
+def load_config(environ=None, **overrides):
+    """The Config of the kernel and the installed features, from ``environ`` (default
+    ``os.environ``) and ``overrides`` (raw strings by env name): what every process and test
+    builds its Runtime from. Raises ConfigError with one line for a bad value."""
+    derive = tuple(step for extension in INSTALLED for step in extension.derive)
+    return config.Config.from_env(environ, SETTINGS, TOGETHER, derive, **overrides)

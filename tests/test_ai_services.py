@@ -4,9 +4,9 @@ routed by the gateway extension once one is configured."""
 
 import pytest
 
-from engine.core.config import Config
 from engine.core.errors import ConfigError
 from engine.execution.services import build_ai_services
+from engine.extensions import load_config
 from engine.jobtypes.flashcards import FLASHCARD_JOB_DEFINITION
 
 
@@ -24,19 +24,19 @@ def test_bad_ai_settings_stop_start_up(env):
     # The shape is checked when settings are parsed, the meaning when the AI side is built;
     # both happen before a process serves anything.
     with pytest.raises(ConfigError) as caught:
-        build_ai_services(Config.from_env(env), store=None)
+        build_ai_services(load_config(env), store=None)
     assert next(iter(env)) in str(caught.value)
 
 
 def test_the_kernels_gateway_reads_no_provider_setting():
-    settings = Config.from_env(
+    settings = load_config(
         {
             'AIJOB_PROVIDER_BASE_URL': 'http://127.0.0.1:8080/v1',
             'AIJOB_PROVIDER_MODEL': 'local',
             'AIJOB_PLATFORM_API_KEY': 'local',
         }
     )
-    for config in (Config.from_env({}), settings):
+    for config in (load_config({}), settings):
         services = build_ai_services(config, store=None)
         assert [p.key for p in services.gateway.providers()] == []  # the plugins add theirs
         assert services.gateway.provider_for(FLASHCARD_JOB_DEFINITION) is None

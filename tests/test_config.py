@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from engine.core.config import Config, database_features
+from engine.core.config import database_features
 from engine.core.errors import ConfigError
+from engine.extensions import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,7 +26,7 @@ def run_cli(*args, **env):
 
 
 def test_defaults_are_the_embedded_backends():
-    config = Config.from_env({})
+    config = load_config({})
     assert config.database_url == 'sqlite:///aijob.db' and config.redis_url is None
     assert (config.lock_ttl_ms, config.heartbeat_ms, config.reap_after_ms) == (
         60_000,
@@ -48,7 +49,7 @@ def test_defaults_are_the_embedded_backends():
 )
 def test_bad_values_raise_a_config_error_naming_the_variable(env):
     with pytest.raises(ConfigError) as raised:
-        Config.from_env(env)
+        load_config(env)
     assert list(env)[0] in str(raised.value)
 
 
@@ -79,7 +80,7 @@ def test_initdb_is_safe_to_run_twice(backend, tmp_path):
 )
 def test_an_invalid_secret_is_named_but_never_echoed(env, secret):
     with pytest.raises(ConfigError) as raised:
-        Config.from_env(env)
+        load_config(env)
     assert list(env)[0] in str(raised.value) and secret not in str(raised.value)
 
 
@@ -104,7 +105,7 @@ def test_an_invalid_secret_is_named_but_never_echoed(env, secret):
 )
 def test_settings_that_contradict_each_other_are_refused_with_one_line_naming_both(env, names):
     with pytest.raises(ConfigError) as raised:
-        Config.from_env(env)
+        load_config(env)
     message = str(raised.value)
     assert '\n' not in message
     assert all(name in message for name in names)
@@ -119,7 +120,7 @@ def test_settings_that_contradict_each_other_are_refused_with_one_line_naming_bo
     ],
 )
 def test_settings_at_the_edge_of_agreeing_start(env):
-    config = Config.from_env(env)
+    config = load_config(env)
     for name, raw in env.items():
         assert getattr(config, name[len('AIJOB_') :].lower()) == int(raw)
 
@@ -141,11 +142,11 @@ def test_cli_prints_one_line_for_settings_that_contradict_each_other():
 )
 def test_a_database_url_asks_only_for_a_feature_set_the_store_knows(url):
     with pytest.raises(ConfigError) as raised:
-        Config.from_env({'AIJOB_DATABASE_URL': url})
+        load_config({'AIJOB_DATABASE_URL': url})
     assert 'AIJOB_DATABASE_URL' in str(raised.value)
 
 
 def test_a_mariadb_url_may_force_mysqls_feature_set():
     url = 'mysql://root@127.0.0.1:3306/x?features=mysql'
-    assert database_features(Config.from_env({'AIJOB_DATABASE_URL': url}).database_url) == 'mysql'
+    assert database_features(load_config({'AIJOB_DATABASE_URL': url}).database_url) == 'mysql'
     assert database_features('mysql://root@127.0.0.1:3306/x') is None

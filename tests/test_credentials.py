@@ -5,7 +5,6 @@ import base64
 
 import pytest
 
-from engine.core.config import Config
 from engine.core.errors import ConfigError, InvalidRequestError
 from engine.core.models import UserModelCredential
 from engine.execution.credentials import (
@@ -17,6 +16,7 @@ from engine.execution.credentials import (
 )
 from engine.execution.providers import Credential
 from engine.execution.services import build_ai_services
+from engine.extensions import load_config
 from tests.support.helpers import create_job
 
 OTHER_MASTER = base64.b64encode(b'j' * 32).decode()
@@ -100,7 +100,7 @@ def test_short_keys_are_masked_completely():
 @pytest.mark.parametrize('value', ['not base64!', base64.b64encode(b'x' * 16).decode()])
 def test_a_malformed_master_key_stops_start_up_without_echoing_it(value):
     with pytest.raises(ConfigError) as caught:
-        Config.from_env({'AIJOB_CREDENTIAL_MASTER_KEY': value})
+        load_config({'AIJOB_CREDENTIAL_MASTER_KEY': value})
     assert value not in str(caught.value)
 
 
@@ -147,5 +147,5 @@ def test_platform_mode_takes_the_key_from_the_environment(keyed_runtime):
 
 
 def test_without_a_master_key_the_store_is_disabled():
-    ai = build_ai_services(Config.from_env({}), store=None)
+    ai = build_ai_services(load_config({}), store=None)
     assert ai.credential_store.enabled is False

@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 import pymysql
 import pytest
 
-from engine.core.config import Config
 from engine.core.models import AiJob, AiJobArtifact, AiUsageLog
 from engine.core.states import TERMINAL
+from engine.extensions import load_config
 from engine.http.auth import TokenStore
 from engine.runtime import Runtime
 from tests.support.backends import MYSQL_URL, REDIS_URL, require_servers
@@ -105,7 +105,7 @@ class Processes:
 
 
 def make_runtime(env):
-    runtime = Runtime(Config.from_env(environ=env), role='faults')
+    runtime = Runtime(load_config(environ=env), role='faults')
     runtime.create_schema()
     return runtime
 

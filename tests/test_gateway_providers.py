@@ -12,9 +12,9 @@ from decimal import Decimal
 
 import pytest
 
-from engine.core.config import Config
 from engine.core.errors import ConfigError
 from engine.execution.providers import Usage
+from engine.extensions import load_config
 from engine.features.gateway import providers_cli, providers_config
 from engine.features.gateway.providers_config import Entry, Limits
 from engine.runtime import Runtime
@@ -72,7 +72,7 @@ KEYS = {'TEST_DEEPSEEK_KEY': DEEPSEEK_KEY, 'TEST_OPENROUTER_KEY': OPENROUTER_KEY
 
 
 def load(raw, **env):
-    return providers_config.load(Config.from_env(dict(env, AIJOB_PROVIDERS=raw)))
+    return providers_config.load(load_config(dict(env, AIJOB_PROVIDERS=raw)))
 
 
 def test_a_good_file_gives_providers_models_prices_limits_and_routes():
@@ -206,12 +206,12 @@ def test_each_bad_entry_is_refused_with_one_line_naming_it(where, change):
 def test_not_json_and_not_an_object_are_refused_by_the_setting():
     for raw in ('{nope', '[1, 2]'):
         with pytest.raises(ConfigError) as refused:
-            Config.from_env({'AIJOB_PROVIDERS': raw})
+            load_config({'AIJOB_PROVIDERS': raw})
         assert 'AIJOB_PROVIDERS' in str(refused.value)
 
 
 def test_the_old_settings_are_a_one_provider_shorthand():
-    config = Config.from_env(
+    config = load_config(
         {
             'AIJOB_PROVIDER_BASE_URL': 'http://127.0.0.1:9/v1',
             'AIJOB_PROVIDER_MODEL': 'fake-model',
@@ -222,7 +222,7 @@ def test_the_old_settings_are_a_one_provider_shorthand():
     assert table.source == 'AIJOB_PROVIDER_BASE_URL'
     assert [e.key for e in table.routes[table.default_route]] == ['openai/fake-model']
     assert table.key_of('openai') == 'sk-platform-1234567'
-    assert providers_config.load(Config.from_env({})) is None
+    assert providers_config.load(load_config({})) is None
     # The shorthand says nothing the file it stands for would not: the same config, no price.
     written = {
         'providers': {
@@ -254,7 +254,7 @@ def test_a_provider_without_base_url_prices_and_limits_a_plugins_own(make_runtim
     raw = {'providers': {'synthetic': {'models': {'synthetic-1': priced}}}}
     table = load(json.dumps(raw))
     assert (table.routes, table.default_route, table.entries()) == ({}, None, [])
-    shown = providers_cli.describe(Config.from_env({'AIJOB_PROVIDERS': json.dumps(raw)}))
+    shown = providers_cli.describe(load_config({'AIJOB_PROVIDERS': json.dumps(raw)}))
     assert "synthetic  a plugin's own provider" in shown[1]
     assert shown[-1] == 'routes: none (no provider has a baseUrl)'
     rt = make_runtime(registry=fast_registry(), AIJOB_PROVIDERS=json.dumps(raw))

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from engine.core.config import Config
 from engine.core.models import AiJob, AiJobArtifact
+from engine.extensions import load_config
 from engine.runtime import Runtime
 from tests.support.helpers import create_job
 from tests.support.servers import private_mariadb  # noqa: F401 (a fixture)
@@ -42,7 +42,7 @@ def test_a_worker_keeps_its_job_through_a_store_outage_and_finishes_it_after(pri
         'AIJOB_HEARTBEAT_MS': '500',
         'AIJOB_OUTBOX_POLL_MS': '200',
     }
-    runtime = Runtime(Config.from_env(environ=settings), role='outage')
+    runtime = Runtime(load_config(environ=settings), role='outage')
     try:
         runtime.create_schema()
         runtime.start_background()

@@ -11,10 +11,10 @@ import uuid
 import pytest
 import redis
 
-from engine.core.config import Config
 from engine.core.errors import ConfigError
 from engine.core.models import AiJob, AiJobEvent
 from engine.execution.providers import EntryUnavailable, ProviderCall, ProviderRequest, Usage
+from engine.extensions import load_config
 from engine.features.gateway.providers_config import Limits
 from engine.features.rate_limits.limiter import (
     LATE_MS,
@@ -245,7 +245,7 @@ def test_tokens_are_reserved_at_their_estimate_and_settled_with_the_usage(make_w
 )
 def test_a_retired_setting_is_refused_at_start_up_with_one_line(env, value, says):
     with pytest.raises(ConfigError) as refused:
-        Config.from_env({}, **{env: value})
+        load_config({}, **{env: value})
     message = str(refused.value)
     assert message.startswith('%s is no longer used: ' % env)
     assert '\n' not in message and says in message

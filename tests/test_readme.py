@@ -4,7 +4,7 @@ every error code the API can answer."""
 import pathlib
 import re
 
-from engine.core.config import SETTINGS
+from engine.extensions import SETTINGS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = (ROOT / 'README.md').read_text()

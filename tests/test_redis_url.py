@@ -3,11 +3,11 @@ Sentinel-watched master; a bad URL is refused at start-up without echoing its pa
 
 import pytest
 
-from engine.core.config import Config
 from engine.core.errors import ConfigError
 from engine.core.redis_url import CLUSTER, SENTINEL, SINGLE, parse_redis_url
 from engine.dispatch.memory_queue import MemoryQueue
 from engine.dispatch.redis_queue import RedisQueue
+from engine.extensions import load_config
 
 
 @pytest.mark.parametrize(
@@ -69,13 +69,13 @@ def test_no_password_shows_in_a_target_or_its_description():
 )
 def test_a_bad_url_is_refused_at_start_up_naming_the_variable(url):
     with pytest.raises(ConfigError) as caught:
-        Config.from_env({'AIJOB_REDIS_URL': url})
+        load_config({'AIJOB_REDIS_URL': url})
     assert 'AIJOB_REDIS_URL' in str(caught.value)
 
 
 def test_a_refused_url_never_echoes_its_password():
     with pytest.raises(ConfigError) as caught:
-        Config.from_env({'AIJOB_REDIS_URL': 'redis+sentinel://:hunter2@s1:26379'})
+        load_config({'AIJOB_REDIS_URL': 'redis+sentinel://:hunter2@s1:26379'})
     assert 'hunter2' not in str(caught.value)
 
 
@@ -87,7 +87,7 @@ def test_a_refused_url_never_echoes_its_password():
     ],
 )
 def test_the_configuration_accepts_every_topology(url):
-    assert Config.from_env({'AIJOB_REDIS_URL': url}).redis_url == url
+    assert load_config({'AIJOB_REDIS_URL': url}).redis_url == url
 
 
 def test_a_queue_on_an_unreachable_cluster_is_built_and_fails_only_when_used():

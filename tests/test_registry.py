@@ -7,7 +7,6 @@ import types
 
 import pytest
 
-from engine.core.config import Config
 from engine.core.errors import (
     DuplicateJobDefinitionError,
     InvalidCredentialPolicyError,
@@ -28,6 +27,7 @@ from engine.core.registry import (
     RetryBackoff,
 )
 from engine.execution.services import build_ai_services
+from engine.extensions import load_config
 from engine.jobtypes.synthetic import SYNTHETIC_JOB_DEFINITION, synthetic_definition
 from engine.runtime import load_job_types
 
@@ -101,7 +101,7 @@ def test_unknown_job_type():
 
 def job_types(env):
     """The registry the plugins fill, as a process built from ``env`` would have it."""
-    config = Config.from_env(env)
+    config = load_config(env)
     return load_job_types(config, JobDefinitionRegistry(), build_ai_services(config, None)).registry
 
 

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from engine.core import master_key
-from engine.core.config import Config
 from engine.core.errors import ConfigError
+from engine.extensions import load_config
 from engine.runtime import Runtime
 from tests.support.backends import REDIS_URL, RUN_PREFIX, delete_redis_keys, require_servers
 from tests.support.runtimes import MASTER_KEY
@@ -116,7 +116,7 @@ def store_with_a_webhook(tmp_path):
     """A SQLite store (its URL) holding one webhook endpoint, made under a master key."""
     url = 'sqlite:///%s' % (tmp_path / 'prod.db')
     runtime = Runtime(
-        Config.from_env(clean_env(AIJOB_DATABASE_URL=url, AIJOB_CREDENTIAL_MASTER_KEY=MASTER_KEY))
+        load_config(clean_env(AIJOB_DATABASE_URL=url, AIJOB_CREDENTIAL_MASTER_KEY=MASTER_KEY))
     )
     try:
         runtime.create_schema()

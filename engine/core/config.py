@@ -344,30 +344,6 @@ SETTINGS = (
         'Delivered and dead webhook deliveries older than this are deleted by the purger.',
     ),
     Setting(
-        'AIJOB_BATCH_INTERVAL_MS',
-        '1000',
-        positive_int,
-        'How often the housekeeping leader forms, submits and polls provider batches.',
-    ),
-    Setting(
-        'AIJOB_BATCH_POLL_FIRST_MS',
-        '2000',
-        positive_int,
-        'The first wait before a submitted provider batch is polled; it doubles at each poll.',
-    ),
-    Setting(
-        'AIJOB_BATCH_POLL_MAX_MS',
-        '300000',
-        positive_int,
-        'The longest wait between two polls of a provider batch.',
-    ),
-    Setting(
-        'AIJOB_BATCH_RESULT_CHUNK',
-        '200',
-        positive_int,
-        'Lines of a finished provider batch written per transaction.',
-    ),
-    Setting(
         'AIJOB_PURGE_INTERVAL_MS',
         '3600000',
         positive_int,
@@ -561,27 +537,7 @@ SETTINGS = (
         positive_int,
         'Most delta messages of one job kept for reconnecting clients (the oldest go first).',
     ),
-    # ---- AI providers, credentials, safety and pricing
-    Setting(
-        'AIJOB_PROVIDER_BASE_URL',
-        '',
-        http_url_or_empty,
-        'OpenAI-compatible API (https://api.deepseek.com, http://127.0.0.1:8080/v1, ...). '
-        'Unset: only the offline synthetic provider exists.',
-    ),
-    Setting(
-        'AIJOB_PROVIDER_MODEL',
-        'deepseek-chat',
-        non_empty_text,
-        'Model the OpenAI-compatible provider asks for.',
-    ),
-    Setting(
-        'AIJOB_PROVIDER_READ_TIMEOUT_MS',
-        '60000',
-        positive_int,
-        'A provider connection silent this long (no byte) fails the call PROVIDER_TIMEOUT, '
-        'retryable; the job deadline (timeoutMs) bounds every call as well.',
-    ),
+    # ---- credentials and safety (the providers are the gateway feature's)
     Setting(
         'AIJOB_PLATFORM_API_KEY',
         '',
@@ -600,69 +556,12 @@ SETTINGS = (
         'start if the store already holds some. Generate one with: ' + GENERATE_MASTER_KEY,
         secret=True,
     ),
-    # ---- the gateway: named providers, routes and cooldowns (docs/architecture.md, decision 17)
-    Setting(
-        'AIJOB_PROVIDERS',
-        '',
-        json_object_or_file,
-        'Named OpenAI-compatible providers, their models (prices, limits, context, maxTokens) '
-        'and routes (fallback chains of "provider/model"), as JSON or @PATH to a JSON file; '
-        'keys come from the environment variables the file names (README "Providers and '
-        'routes"). The only source of prices and rate limits; a provider without baseUrl '
-        "prices and limits a plugin's own (synthetic). Unset: AIJOB_PROVIDER_BASE_URL is the "
-        'one provider, if set, with no price and no limit.',
-    ),
-    Setting(
-        'AIJOB_COOLDOWN_FAILURES',
-        '3',
-        positive_int,
-        'A provider/model that fails this many calls in a row (timeouts, connection errors, '
-        '5xx, 429) within AIJOB_COOLDOWN_WINDOW_MS is skipped by every worker for '
-        'AIJOB_COOLDOWN_MS.',
-    ),
-    Setting(
-        'AIJOB_COOLDOWN_WINDOW_MS',
-        '60000',
-        positive_int,
-        'The window in which AIJOB_COOLDOWN_FAILURES failures start a cooldown.',
-    ),
-    Setting(
-        'AIJOB_COOLDOWN_MS',
-        '60000',
-        positive_int,
-        'How long a provider/model is skipped after its failures (a 429 with Retry-After: '
-        'that long instead, if longer).',
-    ),
-    Setting(
-        'AIJOB_COOLDOWN_PROBE_MS',
-        '2000',
-        positive_int,
-        'While a provider/model cools down, one call every this long (from any one worker) tries '
-        'it: its success ends the cooldown for every worker, its failure keeps it (no probe when '
-        'this is not shorter than AIJOB_COOLDOWN_MS).',
-    ),
     Setting(
         'AIJOB_CONTENT_SAFETY_PATTERNS',
         '',
         json_string_list_or_empty,
         'JSON array of case-insensitive regular expressions that block job input and output '
         'when a definition asks for a safety check. Unset: block private keys only.',
-    ),
-    # -- budgets (engine/features/budgets/ledger.py)
-    Setting(
-        'AIJOB_BUDGET_MAX_TOKENS',
-        '4096',
-        positive_int,
-        'The max_tokens sent with a call whose route entry sets no maxTokens, and what a budget '
-        "reserves for its completion: a call reserves its prompt's bound x prompt price + "
-        'this x completion price.',
-    ),
-    # ---- issue 21 item 4: rate limits per provider/model (engine/features/rate_limits/limiter.py)
-    Setting(
-        'AIJOB_RATE_LIMIT_WINDOW_MS',
-        '60000',
-        positive_int,
-        'The window "per minute" of rpm and tpm counts over (the provider\'s).',
     ),
 )
 
@@ -705,12 +604,6 @@ TOGETHER = (
         'heartbeats and its messages be handed to others',
     ),
     Together(
-        'AIJOB_BATCH_POLL_FIRST_MS',
-        'AIJOB_BATCH_POLL_MAX_MS',
-        "a batch's first wait would be longer than the longest",
-        or_equal=True,
-    ),
-    Together(
         'AIJOB_STREAM_HEARTBEAT_MS',
         'AIJOB_STREAM_MAX_S',
         'an idle event stream would end before its first heartbeat',
@@ -719,9 +612,9 @@ TOGETHER = (
 )
 
 
-def check_together(values):
-    """Raise ConfigError with the first pair of TOGETHER that contradicts itself."""
-    for together in TOGETHER:
+def check_together(values, rules=TOGETHER):
+    """Raise ConfigError with the first pair of ``rules`` that contradicts itself."""
+    for together in rules:
         refusal = together.refusal(values)
         if refusal:
             raise ConfigError(refusal)
@@ -734,21 +627,25 @@ class Config:
         self.__dict__.update(values)
 
     @classmethod
-    def from_env(cls, environ=None, **overrides):
-        """Parse every setting from ``environ`` (default ``os.environ``); ``overrides`` are raw
-        strings by env name and win over the environment (tests use them)."""
+    def from_env(cls, environ=None, settings=None, together=None, derive=(), **overrides):
+        """Parse ``settings`` (default: the kernel's SETTINGS; engine/extensions.py's
+        ``load_config`` passes the features' too) from ``environ`` (default ``os.environ``), then
+        check ``together`` (default TOGETHER) and run each ``derive(values, environ)`` (values a
+        feature reads from variables its settings name). ``overrides`` are raw strings by env
+        name and win over the environment (tests use them)."""
         environ = dict(os.environ if environ is None else environ)
         environ.update(overrides)
         values = {}
-        for setting in SETTINGS:
+        for setting in SETTINGS if settings is None else settings:
             raw = environ.get(setting.env, setting.default)
             try:
                 values[setting.attr] = setting.parse(raw)
             except (TypeError, ValueError) as exc:
                 shown = setting.env if setting.secret else '%s=%r' % (setting.env, raw)
                 raise ConfigError('%s is invalid: %s (%s)' % (shown, exc, setting.help)) from None
-        check_together(values)
-        values['provider_keys'] = provider_keys(values['providers'], environ)
+        check_together(values, TOGETHER if together is None else together)
+        for step in derive:
+            step(values, environ)
         refuse_retired(environ)
         return cls(values)
 
@@ -776,17 +673,6 @@ def refuse_retired(environ):
             raise ConfigError('%s is no longer used: %s' % (env, why))
 
 
-def provider_keys(providers, environ):
-    """The keys of the providers AIJOB_PROVIDERS names, read from the environment variables its
-    entries name (``apiKeyEnv``): {variable: key or None}. The file never holds a key."""
-    found = {}
-    for entry in ((providers or {}).get('providers') or {}).values():
-        name = entry.get('apiKeyEnv') if isinstance(entry, dict) else None
-        if isinstance(name, str) and name:
-            found[name] = environ.get(name) or None
-    return found
-
-
-def describe():
+def describe(settings=SETTINGS):
     """Help text for every setting, for ``aijob.py config``."""
-    return '\n'.join('%-32s default %-22r %s' % (s.env, s.default, s.help) for s in SETTINGS)
+    return '\n'.join('%-32s default %-22r %s' % (s.env, s.default, s.help) for s in settings)

@@ -61,9 +61,16 @@ class Hooks:
 
 
 class Extension:
-    """A feature installed into a runtime. ``name`` keys its handle in ``Runtime.features``."""
+    """A feature installed into a runtime. ``name`` keys its handle in ``Runtime.features``.
+
+    ``settings`` (core.config.Setting), ``together`` (core.config.Together) and ``derive``
+    (``step(values, environ)``) are the feature's part of the configuration: engine/extensions.py
+    parses them with the kernel's, so a bad value stops start-up with one line like any other."""
 
     name = ''
+    settings = ()
+    together = ()
+    derive = ()
 
     def install(self, kernel, hooks, features):
         """Build the feature from ``kernel`` (a Kernel) and register its parts at ``hooks``;

@@ -17,8 +17,8 @@ import pymysql
 import pytest
 import redis
 
-from engine.core.config import Config
 from engine.core.models import MODELS
+from engine.extensions import load_config
 
 WORKER = os.environ.get('PYTEST_XDIST_WORKER', '')  # 'gw0', 'gw1'... under xdist, else ''
 
@@ -104,7 +104,7 @@ class Backend:
         return env
 
     def config(self, **extra):
-        return Config.from_env(self.env(**extra))
+        return load_config(self.env(**extra))
 
     def __repr__(self):
         return self.name

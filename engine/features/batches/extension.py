@@ -5,6 +5,7 @@ from . import items
 from .guard import BatchGuard
 from .routes import BatchRoutes
 from .runner import BatchRunner, opted_in
+from .settings import SETTINGS, TOGETHER
 
 
 class BatchesExtension(Extension):
@@ -14,6 +15,8 @@ class BatchesExtension(Extension):
     job is spent against the budgets, when installed."""
 
     name = 'batches'
+    settings = SETTINGS
+    together = TOGETHER
 
     def install(self, kernel, hooks, features):
         # The operators' list answers whether or not anything opts in (an empty page then).

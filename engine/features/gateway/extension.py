@@ -10,6 +10,7 @@ from ...core.extension import Extension
 from .cooldowns import CooldownGuard, open_cooldowns
 from .providers_config import load
 from .routes import FallbackGuard, RoutedGateway
+from .settings import SETTINGS, provider_keys_from
 
 
 class GatewayExtension(Extension):
@@ -19,6 +20,8 @@ class GatewayExtension(Extension):
     no provider configured. Raises ConfigError for a bad provider file."""
 
     name = 'gateway'
+    settings = SETTINGS
+    derive = (provider_keys_from,)
 
     def install(self, kernel, hooks, features):
         table = load(kernel.config)

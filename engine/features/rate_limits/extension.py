@@ -2,6 +2,7 @@
 
 from ...core.extension import Extension
 from .limiter import RateLimitGuard
+from .settings import SETTINGS
 
 
 class RateLimitsExtension(Extension):
@@ -10,6 +11,7 @@ class RateLimitsExtension(Extension):
     among the call guards, so a call refused before books no slot. Off when no limit is set."""
 
     name = 'rate_limits'
+    settings = SETTINGS
 
     def install(self, kernel, hooks, features):
         gateway = features.get('gateway')
