@@ -76,7 +76,10 @@ class Runtime:
         # with them and read them; the extensions fill them below, in their order.
         self.hooks = Hooks()
         self.store = Store(config.database_url, pool_size=config.db_pool_size)
-        self.ai = build_ai_services(config, self.store, guards=self.hooks.call_guards)
+        hooks = self.hooks
+        self.ai = build_ai_services(
+            config, self.store, hooks.call_guards, hooks.gateways, hooks.prices
+        )
         self.plugins = load_job_types(config, JobDefinitionRegistry(), self.ai)
         self.registry = registry or self.plugins.registry
         self.outbox = OutboxRepository(self.store, lock_ttl_ms=config.outbox_lock_ttl_ms)

@@ -29,7 +29,7 @@ PRICES = {
 
 def pricing():
     entries = {('openai', model): parse_price(model, entry) for model, entry in PRICES.items()}
-    return Pricing().with_entries(entries)
+    return Pricing(dict(entries))
 
 
 def test_cost_is_exact_decimal_per_million_tokens_by_default():

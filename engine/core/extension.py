@@ -53,6 +53,12 @@ class Hooks:
         # (name, purge): run by every purge pass until it returns 0; purge(limit) deletes at
         # most ``limit`` rows nobody needs any more and returns how many it deleted.
         self.purge_steps = []
+        # A feature's gateway over the kernel's (AiServices.providers, the plugins' providers):
+        # the last one listed answers the engine's calls (the routed gateway); none: the kernel's.
+        self.gateways = []
+        # {(provider key, model): usage.Price}: the prices the kernel's Pricing costs calls at
+        # (a call nothing prices costs 0).
+        self.prices = {}
         # Tables: each feature's own tables, created with the kernel's by create_schema.
         self.tables = []
         # make(runtime, access) -> an API resource (engine/http/resources/__init__.py): the

@@ -33,7 +33,7 @@ class PluginApp:
 
     def add_provider(self, provider):
         """A Provider, found by its ``key`` from a definition's ``provider``."""
-        self.ai.gateway.add(provider)
+        self.ai.providers.add(provider)
 
     def add_models(self, *models):
         """Tables of the plugin's own (a projector writing its own rows)."""

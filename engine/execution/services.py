@@ -18,7 +18,7 @@ from .usage import Pricing
 
 @dataclass
 class AiServices:
-    gateway: AiGateway
+    providers: AiGateway  # the kernel's gateway: the plugins' providers, by key
     credentials: CredentialResolver
     safety: RegexContentSafety
     pricing: Pricing  # every call costs 0 until the gateway adds the provider config's prices
@@ -28,6 +28,13 @@ class AiServices:
     platform_key_configured: bool = False
     # CallGuards held around every provider call, in order (providers.CallGuard); none by default.
     guards: list = field(default_factory=list)
+    # Gateways features build over ``providers`` (the hook point ``gateways``): the last routes.
+    gateways: list = field(default_factory=list)
+
+    @property
+    def gateway(self):
+        """The gateway the engine calls: the last a feature installed, else the kernel's."""
+        return self.gateways[-1] if self.gateways else self.providers
 
     def platform_available(self, definition):
         """Can a job of ``definition`` run in platform_key mode here? Not when its provider is
@@ -63,27 +70,29 @@ class AiServices:
                 )
 
 
-def build_ai_services(config, store, guards=None):
+def build_ai_services(config, store, guards=None, gateways=None, prices=None):
     """The kernel's AI services: stored user keys when a master key is set, the gateway of the
     plugins' own providers (the offline synthetic one; job-type plugins add theirs, their
     projectors and prompts). An OpenAI-compatible provider is the gateway extension's
     (engine/features/gateway/extension.py): this module reads no provider setting.
-    ``guards``: the list of call guards the extensions fill (the hook point call_guards)."""
+    ``guards``, ``gateways``, ``prices``: the hook points the extensions fill (call_guards,
+    gateways, prices: core/extension.py)."""
     prompts = default_library()
     credential_store = CredentialStore(store, config.credential_master_key)
     return AiServices(
-        gateway=AiGateway(default_provider='synthetic'),
+        providers=AiGateway(default_provider='synthetic'),
         credentials=CredentialResolver(config.platform_api_key, credential_store),
         safety=_configured(
             'AIJOB_CONTENT_SAFETY_PATTERNS',
             RegexContentSafety.from_list,
             config.content_safety_patterns,
         ),
-        pricing=Pricing(),
+        pricing=Pricing(prices),
         credential_store=credential_store,
         prompts=prompts,
         platform_key_configured=bool(config.platform_api_key),
         guards=[] if guards is None else guards,
+        gateways=[] if gateways is None else gateways,
     )
 
 

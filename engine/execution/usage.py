@@ -2,8 +2,8 @@
 row per provider call (failed calls included), and the admin totals per user or per job type
 over a time range.
 
-Prices come from the provider config only (AIJOB_PROVIDERS' models' ``price``; the gateway hands
-them in as ``Pricing.with_entries``): a call nothing prices costs 0.
+Prices come from the provider config only (AIJOB_PROVIDERS' models' ``price``; the gateway puts
+them in the hook point ``prices`` that ``Pricing`` reads): a call nothing prices costs 0.
 
 A call's cost is computed here only: ``call_cost`` (a price and the call's token counts) for the
 usage row, the metrics and the budgets' settlement, ``max_call_cost`` (a price, the prompt's token
@@ -108,11 +108,9 @@ class Pricing:
     (``entries``: {(provider, model): Price}); a call nothing prices costs 0."""
 
     def __init__(self, entries=None):
-        self._entries = dict(entries or {})
-
-    def with_entries(self, entries):
-        """This pricing with the prices of ``entries`` ({(provider, model): Price}) added."""
-        return Pricing({**self._entries, **entries})
+        # The hook point ``prices`` (core/extension.py) when a runtime builds it: read at each
+        # call, so the prices an extension installs hold from its install on.
+        self._entries = {} if entries is None else entries
 
     def price(self, provider_key, model):
         """The Price of a call to ``provider_key``/``model``, or None when nothing prices it."""

@@ -1,9 +1,10 @@
-"""How the gateway joins a runtime: ``GatewayExtension`` replaces the AI services' gateway with
-the routed one and puts its guards (cooldowns, then fallback) among the call guards, once the
-job types are loaded. Every OpenAI-compatible provider (AIJOB_PROVIDERS, or the one-provider
-shorthand written as the same config) is built here and only here; the kernel's gateway holds
-the plugins' own providers (synthetic). With no provider configured, nothing changes: no
-guard, the call path as it was, every call costing 0."""
+"""How the gateway joins a runtime: ``GatewayExtension`` builds the routed gateway over the
+kernel's (the plugins' providers) and lists it at the hook point ``gateways``, from where the
+engine's calls go through it; it puts the provider file's prices at ``prices`` and its guards
+(cooldowns, then fallback) among the call guards. Every OpenAI-compatible provider
+(AIJOB_PROVIDERS, or the one-provider shorthand written as the same config) is built here and
+only here. With no provider configured, nothing changes: no guard, the call path as it was,
+every call costing 0."""
 
 from ...core.errors import ConfigError
 from ...core.extension import Extension
@@ -28,14 +29,13 @@ class GatewayExtension(Extension):
         if table is None:
             return None
         ai = kernel.ai
-        _check_plugin_providers(table, ai.gateway)
-        # The gateway and the prices are the AI services' own parts, replaced once, before any
-        # job runs: the plugins registered their providers into the base gateway, which the
-        # routed one keeps. The provider file is where every price comes from.
-        ai.pricing = ai.pricing.with_entries(table.prices())
+        _check_plugin_providers(table, ai.providers)
+        # The provider file is where every price comes from; the routed gateway keeps the
+        # plugins' providers (the kernel's gateway) and routes every call from now on.
+        hooks.prices.update(table.prices())
         cooldowns = open_cooldowns(kernel.config, kernel.redis)
         gateway = RoutedGateway(
-            ai.gateway,
+            ai.providers,
             table,
             ai.pricing,
             ai.prompts,
@@ -43,7 +43,7 @@ class GatewayExtension(Extension):
             kernel.store,
             kernel.config.budget_max_tokens,
         )
-        ai.gateway = gateway
+        hooks.gateways.append(gateway)
         if table.routed():
             # Cooldowns and fallback act on route entries: with only a plugin's provider priced
             # and limited, there is none, and no call pays for them.
