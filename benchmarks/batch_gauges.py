@@ -18,8 +18,8 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.core.models import AiProviderBatch, AiProviderBatchItem  # noqa: E402
 from engine.extensions import load_config  # noqa: E402
+from engine.features.batches.models import AiProviderBatch, AiProviderBatchItem
 from engine.features.batches.routes import batch_gauges  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 

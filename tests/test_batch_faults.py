@@ -12,16 +12,13 @@ from decimal import Decimal
 import pytest
 
 from engine.core.errors import InvalidDefinitionError
-from engine.core.models import (
-    AiBudgetSpend,
-    AiProviderBatch,
-    AiProviderBatchItem,
-    AiUsageLog,
-)
+from engine.core.models import AiUsageLog
 from engine.execution.engine import ExecutionEngine
 from engine.features.batches.api import BatchApi
 from engine.features.batches.batcher import FORM_SCAN
+from engine.features.batches.models import AiProviderBatch, AiProviderBatchItem
 from engine.features.batches.poller import _batch_usage
+from engine.features.budgets.models import AiBudgetSpend
 from tests.support.batched_jobs import FAST_BATCHES, batched_definition, provider_settings
 from tests.support.helpers import create_job
 from tests.support.runtimes import FAST_SETTINGS, fast_registry

@@ -10,7 +10,8 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.core.models import AiJob, AiProviderBatch, AiProviderBatchItem
+from engine.core.models import AiJob
+from engine.features.batches.models import AiProviderBatch, AiProviderBatchItem
 from engine.http.auth import TokenStore
 from tests.support.api import Harness
 from tests.support.dashboard import FormClient

@@ -15,16 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from engine.core.history import SUCCEEDED
-from engine.core.models import (
-    AiJob,
-    AiJobArtifact,
-    AiJobEvent,
-    AiProviderBatch,
-    AiProviderBatchItem,
-    AiUsageLog,
-    LeaderLease,
-)
+from engine.core.models import AiJob, AiJobArtifact, AiJobEvent, AiUsageLog, LeaderLease
 from engine.core.states import TERMINAL
+from engine.features.batches.models import AiProviderBatch, AiProviderBatchItem
 from engine.http.auth import TokenStore
 from tests.support.backends import require_servers
 from tests.support.batched_jobs import FAST_BATCHES, provider_settings

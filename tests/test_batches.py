@@ -14,20 +14,12 @@ import pytest
 
 from engine.core.errors import ConfigError, InvalidDefinitionError
 from engine.core.history import BATCH_SUBMITTED, SUCCEEDED
-from engine.core.models import (
-    AiBudgetReservation,
-    AiBudgetSpend,
-    AiJob,
-    AiJobArtifact,
-    AiJobEvent,
-    AiProviderBatch,
-    AiProviderBatchItem,
-    AiUsageLog,
-    OutboxEvent,
-)
+from engine.core.models import AiJob, AiJobArtifact, AiJobEvent, AiUsageLog, OutboxEvent
 from engine.core.registry import BatchPolicy, QueuePolicy, validate_definition
 from engine.core.states import TERMINAL
 from engine.execution.engine import ExecutionEngine
+from engine.features.batches.models import AiProviderBatch, AiProviderBatchItem
+from engine.features.budgets.models import AiBudgetReservation, AiBudgetSpend
 from engine.features.gateway import providers_config
 from engine.features.gateway.providers_config import Entry
 from engine.jobtypes.synthetic import synthetic_definition

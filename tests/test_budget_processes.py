@@ -13,9 +13,10 @@ from decimal import Decimal
 
 import pytest
 
-from engine.core.models import AiBudget, AiBudgetReservation, AiBudgetSpend, AiJob, AiUsageLog
+from engine.core.models import AiJob, AiUsageLog
 from engine.core.states import TERMINAL
 from engine.features.budgets.ledger import CACHE_S
+from engine.features.budgets.models import AiBudget, AiBudgetReservation, AiBudgetSpend
 from tests.support import budget_cases
 from tests.support.backends import require_servers
 from tests.support.fake_openai import json_reply

@@ -15,18 +15,13 @@ from types import SimpleNamespace
 import pytest
 
 from engine.core.errors import BudgetExceededFailure, JobDeferred, JobFailure
-from engine.core.models import (
-    AiBudget,
-    AiBudgetReservation,
-    AiBudgetSpend,
-    AiJob,
-    AiUsageLog,
-)
+from engine.core.models import AiJob, AiUsageLog
 from engine.core.states import TERMINAL
 from engine.execution.providers import ProviderCall, Usage
 from engine.execution.usage import Price, record_usage
 from engine.features.budgets.guard import BudgetGuard
 from engine.features.budgets.ledger import IN_FLIGHT_WAIT_MAX_S, period_reset
+from engine.features.budgets.models import AiBudget, AiBudgetReservation, AiBudgetSpend
 from engine.features.gateway.openai_client import (
     TEMPLATE_TOKENS_PER_MESSAGE,
     TEMPLATE_TOKENS_PER_REQUEST,

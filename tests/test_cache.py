@@ -14,13 +14,14 @@ import pytest
 
 from engine.core.errors import InvalidDefinitionError, InvalidRequestError
 from engine.core.history import JobHistory
-from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiResponseCache, AiUsageLog
+from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiUsageLog
 from engine.core.registry import CachePolicy, JobDefinitionRegistry, validate_definition
 from engine.core.states import TERMINAL
 from engine.execution.engine import ExecutionEngine
 from engine.execution.providers import Credential, ProviderCall, ProviderRequest, Usage
 from engine.features.cache import guard as cache_module
 from engine.features.cache.guard import CacheGuard
+from engine.features.cache.models import AiResponseCache
 from engine.http.metrics_view import scrape
 from engine.jobtypes.flashcards import FlashcardProjector, flashcard_definition
 from engine.jobtypes.synthetic import synthetic_definition

@@ -1,6 +1,7 @@
-"""schema.sql (the deployed DDL) and the peewee models describe the same tables (real MariaDB).
+"""schema.sql (the deployed DDL) and the peewee models describe the same tables (real MariaDB),
+the kernel's and each feature's (its models.py and the schema.sql beside it).
 
-schema.sql is applied to one database and the models create their tables in another; the two are
+The DDL is applied to one database and the models create their tables in another; the two are
 then compared through information_schema: columns, types, NULL-ability, unique keys and indexes."""
 
 from urllib.parse import urlsplit
@@ -11,6 +12,8 @@ import pytest
 
 from engine.core.models import MODELS, database
 from engine.core.store import default_schema_path, split_sql
+from engine.extensions import load_config
+from engine.runtime import Runtime
 from tests.support.backends import MYSQL_URL, require_servers
 
 pytestmark = pytest.mark.slow
@@ -62,12 +65,26 @@ def describe(conn, schema):
     return columns, indexes
 
 
-def test_schema_sql_matches_the_models(mysql):
+def feature_tables(directory):
+    """The Tables the installed features register (core.extension.Tables)."""
+    url = 'sqlite:///%s' % (directory / 'features.db')
+    runtime = Runtime(load_config({'AIJOB_DATABASE_URL': url}), role='schema-test')
+    try:
+        return list(runtime.hooks.tables)
+    finally:
+        runtime.close()
+
+
+def test_schema_sql_matches_the_models(mysql, tmp_path):
     conn, (sql_db, models_db) = mysql
+    features = feature_tables(tmp_path)
+    assert features, 'the installed features register no table'
+    models = list(MODELS) + [model for tables in features for model in tables.models]
     with conn.cursor() as cursor:
         cursor.execute('USE `%s`' % sql_db)
-        for statement in split_sql(open(default_schema_path()).read()):
-            cursor.execute(statement)
+        for path in [default_schema_path()] + [tables.schema_sql for tables in features]:
+            for statement in split_sql(open(path).read()):
+                cursor.execute(statement)
     parts = urlsplit(MYSQL_URL)
     model_db = peewee.MySQLDatabase(
         models_db,
@@ -79,13 +96,13 @@ def test_schema_sql_matches_the_models(mysql):
     previous = database.obj
     database.initialize(model_db)
     try:
-        model_db.create_tables(MODELS)
+        model_db.create_tables(models)
     finally:
         model_db.close()
         database.initialize(previous)
     sql_columns, sql_indexes = describe(conn, sql_db)
     model_columns, model_indexes = describe(conn, models_db)
-    assert len({c[0] for c in sql_columns}) == len(MODELS)
+    assert len({c[0] for c in sql_columns}) == len(models)
     assert sql_columns == model_columns
     assert sql_indexes == model_indexes
     assert any(c[2] == 'datetime(6)' for c in sql_columns)

@@ -10,13 +10,8 @@ from decimal import Decimal
 from types import SimpleNamespace
 
 from engine.core.history import DEFERRED
-from engine.core.models import (
-    AiBudgetReservation,
-    AiBudgetSpend,
-    AiJob,
-    AiJobEvent,
-    AiUsageLog,
-)
+from engine.core.models import AiJob, AiJobEvent, AiUsageLog
+from engine.features.budgets.models import AiBudgetReservation, AiBudgetSpend
 from engine.features.gateway.openai_client import prompt_token_bound
 from tests.support.fake_openai import json_reply
 

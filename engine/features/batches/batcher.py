@@ -13,10 +13,11 @@ import json
 
 from ...core.history import BATCH_SUBMITTED
 from ...core.logs import log_event
-from ...core.models import AiJob, AiProviderBatch, AiProviderBatchItem, new_id
+from ...core.models import AiJob, new_id
 from ...core.registry import MAX_BATCH_JOBS
 from . import items
 from .items import BATCHED, CANCELLED, WAITING
+from .models import AiProviderBatch, AiProviderBatchItem
 
 BUILDING, UPLOADED, SUBMITTED, CANCELLING, ENDED = (
     'building',

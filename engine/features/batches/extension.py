@@ -3,6 +3,7 @@
 from ...core.extension import Extension
 from . import items
 from .guard import BatchGuard
+from .models import TABLES
 from .routes import BatchRoutes
 from .runner import BatchRunner, opted_in
 from .settings import SETTINGS, TOGETHER
@@ -19,7 +20,8 @@ class BatchesExtension(Extension):
     together = TOGETHER
 
     def install(self, kernel, hooks, features):
-        # The operators' list answers whether or not anything opts in (an empty page then).
+        # The tables and the operators' list whether or not anything opts in (an empty page).
+        hooks.tables.append(TABLES)
         hooks.http_resources.append(BatchRoutes)
         table = getattr(kernel.ai.gateway, 'table', None)
         if table is None or not opted_in(kernel.registry, table):

@@ -10,9 +10,10 @@ which is what the batcher takes (a job still held by its worker, or deferred for
 since, is left alone)."""
 
 from ...core.history import NewEvent, insert_events
-from ...core.models import AiJob, AiProviderBatchItem
+from ...core.models import AiJob
 from ...core.outbox import WAKE_EVENT
 from ...core.sql import placeholders, statement
+from .models import AiProviderBatchItem
 
 WAITING, BATCHED, ANSWERED, FAILED, EXPIRED, CANCELLED, CONSUMED = (
     'waiting',

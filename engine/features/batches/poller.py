@@ -11,12 +11,13 @@ from types import SimpleNamespace
 from peewee import SQL, fn
 
 from ...core.logs import log_event
-from ...core.models import AiJob, AiProviderBatch, AiProviderBatchItem
+from ...core.models import AiJob
 from ...execution.usage import record_usage
 from ..gateway.openai_client import completion_usage
 from . import items
 from .batcher import CANCELLING, ENDED, SUBMITTED, TERMINAL
 from .items import ANSWERED, BATCHED, CANCELLED, EXPIRED, FAILED
+from .models import AiProviderBatch, AiProviderBatchItem
 
 OVER = ('completed', 'expired', 'cancelled', 'failed')  # the provider is done with the batch
 # A line the provider never ran: the call goes online.

@@ -15,7 +15,7 @@ from peewee import fn
 from prometheus_client.core import GaugeMetricFamily
 
 from ...core.errors import BatchNotFoundError, InvalidRequestError
-from ...core.models import AiJob, AiProviderBatch, AiProviderBatchItem
+from ...core.models import AiJob
 from ...http import parsing
 from ...http.openapi import (
     MONEY,
@@ -31,6 +31,7 @@ from ...http.params import DEFAULT_PAGE_SIZE, EPOCH, MAX_PAGE_SIZE, whole_number
 from ...http.replies import reply
 from ...http.views import iso
 from . import batcher, items
+from .models import AiProviderBatch, AiProviderBatchItem
 
 BATCH_STATES = (
     batcher.BUILDING,

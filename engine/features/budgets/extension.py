@@ -5,6 +5,7 @@ import functools
 from ...core.extension import Extension
 from .guard import BudgetGuard
 from .ledger import Budgets
+from .models import TABLES
 from .routes import BudgetRoutes
 
 
@@ -16,6 +17,7 @@ class BudgetsExtension(Extension):
     name = 'budgets'
 
     def install(self, kernel, hooks, features):
+        hooks.tables.append(TABLES)
         budgets = Budgets(kernel.store)
         config = kernel.config
         hooks.call_guards.append(BudgetGuard(budgets, kernel.ai.pricing, config.budget_max_tokens))

@@ -38,8 +38,9 @@ from decimal import ROUND_UP, Decimal
 
 from ...core.errors import BudgetExceededError
 from ...core.logs import log_event
-from ...core.models import AiBudget, AiBudgetSpend, new_id
+from ...core.models import new_id
 from ...core.sql import placeholders, statement
+from .models import AiBudget, AiBudgetSpend
 
 SCOPES = ('user', 'jobType', 'global')
 PERIODS = ('day', 'month', 'total')

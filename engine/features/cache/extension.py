@@ -2,6 +2,7 @@
 
 from ...core.extension import Extension
 from .guard import CacheGuard, purge_expired
+from .models import TABLES
 
 
 class CacheExtension(Extension):
@@ -12,6 +13,7 @@ class CacheExtension(Extension):
     name = 'cache'
 
     def install(self, kernel, hooks, features):
+        hooks.tables.append(TABLES)
         hooks.purge_steps.append(('cache_entries', purge_expired))
         if not any(definition.cache is not None for definition in kernel.registry.get_all()):
             return None

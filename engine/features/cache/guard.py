@@ -31,9 +31,10 @@ from ...core import metrics
 from ...core.errors import JobCancelledError
 from ...core.history import CACHE_HIT, NewEvent, insert_events
 from ...core.logs import log_event
-from ...core.models import AiJob, AiResponseCache, canonical_hash
+from ...core.models import AiJob, canonical_hash
 from ...core.store import IntegrityError, db_now
 from ...execution.providers import CallGuard, ProviderResult, Usage
+from .models import AiResponseCache
 
 NOTE = 'cache'  # the guard's key in ProviderCall.notes
 # A claim outlives its owner's provider call (bounded by the definition's timeout) by this much,
