@@ -1,5 +1,6 @@
 """How close to a provider's rate limit three worker processes call it (README "Provider rate
-limits"; the rate that tests/test_ratelimit_processes.py pins no more, a rate being a speed).
+limits"; the rate that tests/features/rate_limits/test_ratelimit_processes.py pins no more,
+a rate being a speed).
 
 Each round runs that test's set-up (tests/support/rate_limited.py): a loopback OpenAI-compatible
 server (tests/support/fake_openai.py) that answers 429 beyond --limit requests in any --window-ms,

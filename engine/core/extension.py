@@ -8,7 +8,8 @@ only read them; nothing of the kernel is set from outside after it is built. The
 extensions are one ordered tuple, ``engine/extensions.py``: that order is the order their call
 guards run in, and the order they install in (a feature may use what one before it installed).
 Each feature lives in one folder, ``engine/features/<name>/``, which declares in its
-``__init__`` the other features it imports (``USES``); tests/test_layout.py holds it to that.
+``__init__`` the other features it imports (``USES``); tests/project/test_layout.py holds it
+to that.
 """
 
 from typing import Any, NamedTuple

@@ -19,8 +19,9 @@
 - ``tests.support.wsgi``: the in-process WSGI client and the OpenAPI response check.
 - ``tests.support.worker_processes``: ``Worker`` (a real ``python aijob.py worker`` with its JSON
   log in a file) and the ``spawn`` fixture, which closes every worker it started.
-- ``tests.support.rate_limited``: the rate-limit run of tests/test_ratelimit_processes.py and
-  benchmarks/ratelimit_rate.py: ``limit_fake``, ``settings``, ``create_jobs``, ``CARDS``.
+- ``tests.support.rate_limited``: the rate-limit run of
+  tests/features/rate_limits/test_ratelimit_processes.py and benchmarks/ratelimit_rate.py:
+  ``limit_fake``, ``settings``, ``create_jobs``, ``CARDS``.
 - ``tests.support.helpers``: ``create_job``, ``new_request``, ``wait_until``, ``run_threads``,
   ``row``.
 """

@@ -1,7 +1,7 @@
 """The four budget cases of issue 31, for 50 concurrent jobs against a budget of 10 calls'
-worth, in one process (tests/test_budgets.py, both backend pairs) and over two worker processes
-(tests/test_budget_processes.py): what the fake provider answers in each, the maximum cost the
-workers reserve for a call, and what a finished run must show.
+worth, in one process (tests/features/budgets/test_budgets.py, both backend pairs) and over two
+worker processes (tests/features/budgets/test_budget_processes.py): what the fake provider
+answers in each, the maximum cost the workers reserve for a call, and what a finished run must show.
 
 Prices are 1 per token, so a call's cost is its token count and a budget is counted in tokens.
 """

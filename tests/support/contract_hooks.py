@@ -1,4 +1,4 @@
-"""schemathesis hooks for tests/test_contract.py (loaded through SCHEMATHESIS_HOOKS).
+"""schemathesis hooks for tests/kernel/http/test_contract.py (loaded through SCHEMATHESIS_HOOKS).
 
 Path parameters are sometimes ids that exist (the test creates a job, a credential and a webhook
 and passes their ids in AIJOB_CONTRACT_IDS), so the checks reach past the 404 into each

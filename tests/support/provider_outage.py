@@ -1,8 +1,8 @@
 """A one-provider route whose provider is down a while, then back (issue 31 item 5), shared by
-tests/test_gateway_fallback.py (in the process, both backend pairs) and
-tests/test_gateway_processes.py (two worker processes): its settings (a cooldown of a minute, a
-probe every PROBE_MS), the outage on a FakeOpenAI, and the wait for every job's success within
-the outage, one probe interval and a second."""
+tests/features/gateway/test_gateway_fallback.py (in the process, both backend pairs) and
+tests/features/gateway/test_gateway_processes.py (two worker processes): its settings (a
+cooldown of a minute, a probe every PROBE_MS), the outage on a FakeOpenAI, and the wait for
+every job's success within the outage, one probe interval and a second."""
 
 import json
 import threading

@@ -1,4 +1,4 @@
-"""The rate-limit run shared by tests/test_ratelimit_processes.py and
+"""The rate-limit run shared by tests/features/rate_limits/test_ratelimit_processes.py and
 benchmarks/ratelimit_rate.py: a fake provider that answers 429 beyond ``limit`` requests in any
 ``window_s``, the workers' settings that hold that limit in Redis, and the
 flashcard jobs they run. Usable outside pytest (the benchmark imports it)."""

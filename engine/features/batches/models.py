@@ -1,6 +1,6 @@
 """The tables of provider batches: their peewee models (SQLite creates them) and, in
-schema.sql beside this file, the DDL MySQL/MariaDB applies (``initdb``); tests/test_schema.py
-holds the two equal."""
+schema.sql beside this file, the DDL MySQL/MariaDB applies (``initdb``);
+tests/kernel/core/test_schema.py holds the two equal."""
 
 import os
 
