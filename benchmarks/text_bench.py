@@ -42,9 +42,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from engine.dispatch.deltas import MemoryTextChannel, RedisTextChannel  # noqa: E402
-from engine.execution.deltas import DeltaPump  # noqa: E402
 from engine.extensions import load_config  # noqa: E402
+from engine.features.streams.channel import MemoryTextChannel, RedisTextChannel  # noqa: E402
+from engine.features.streams.pump import DeltaPump  # noqa: E402
 from engine.http.auth import TokenStore  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 from tests.support.fake_openai import FakeOpenAI, json_reply  # noqa: E402

@@ -22,14 +22,12 @@ from .core.service import AiJobService, PushNow
 from .core.store import Store
 from .core.webhook_urls import UrlPolicy
 from .core.webhooks import WebhookRepository
-from .dispatch.deltas import open_text_channel
 from .dispatch.dispatcher import OutboxDispatcher
 from .dispatch.housekeeping import Purger, Reaper, Reconciler, Retention
 from .dispatch.memory_queue import MemoryQueue
 from .dispatch.redis_queue import RedisQueue
 from .dispatch.webhooks import WebhookFanout, WebhookSender
 from .dispatch.workers import Worker
-from .execution.deltas import DeltaPump
 from .execution.plugins import PluginApp, load_plugin
 from .execution.services import build_ai_services
 from .execution.webhook_signing import WebhookSigner
@@ -124,10 +122,6 @@ class Runtime:
         )
         self.features = install_extensions(kernel, self.hooks, extensions)
         self.ai.gateway.check_definitions(self.registry.get_all())
-        # The live text of running provider calls: the worker's pump writes it to the channel,
-        # the web tier's job streams read it (architecture decision 15).
-        self.text_channel = open_text_channel(config)
-        self.text_pump = DeltaPump(self.text_channel)
         self.dispatcher = OutboxDispatcher(
             self.outbox,
             self.queue,
@@ -217,8 +211,8 @@ class Runtime:
     def close(self):
         self.stop_background(timeout_s=5)
         self.dispatcher.marks.close()
-        self.text_pump.stop()
-        self.text_channel.close()
+        for close in self.hooks.closers:
+            close()
         self.queue.close()
         self.store.close()
 

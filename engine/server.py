@@ -270,11 +270,13 @@ def run_gunicorn(config, options, with_background=False):
 
 def gunicorn_options(config, host, port, workers):
     """gunicorn's settings for ``web`` and ``serve`` (and the benchmarks' floor app)."""
+    # The long polls and the job event streams (their feature's cap; none when not installed).
+    held = config.max_waiters + getattr(config, 'max_streams', 0)
     return {
         'bind': '%s:%d' % (host, port),
         'workers': workers,
         'worker_class': GeventWorker,
-        'worker_connections': config.max_waiters + config.max_streams + SPARE_CONNECTIONS,
+        'worker_connections': held + SPARE_CONNECTIONS,
         'timeout': WORKER_TIMEOUT_S,
         'graceful_timeout': config.shutdown_grace_ms // 1000 + 5,
         'keepalive': max(1, min(KEEPALIVE_S, math.ceil(config.request_timeout_ms / 1000))),

@@ -498,45 +498,6 @@ SETTINGS = (
         positive_int,
         "Webhook deliveries one worker process sends at once (their own threads, never the jobs').",
     ),
-    Setting(
-        'AIJOB_STREAM_MAX_S',
-        '300',
-        positive_int,
-        'Longest a GET /api/ai/jobs/{id}/stream stays open; the client reconnects with '
-        'Last-Event-ID.',
-    ),
-    Setting(
-        'AIJOB_STREAM_HEARTBEAT_MS',
-        '15000',
-        positive_int,
-        'An idle job event stream gets a comment line this often, so proxies keep it open.',
-    ),
-    Setting(
-        'AIJOB_MAX_STREAMS',
-        '1000',
-        positive_int,
-        'Most job event streams one web process holds at once (429 TOO_MANY_STREAMS beyond).',
-    ),
-    Setting(
-        'AIJOB_MAX_STREAMS_PER_USER',
-        '20',
-        positive_int,
-        'Most job event streams of one user that one web process holds at once '
-        '(429 TOO_MANY_STREAMS beyond).',
-    ),
-    Setting(
-        'AIJOB_STREAM_TEXT_TTL_MS',
-        '600000',
-        positive_int,
-        "The live text of a running job (the stream's delta events) is kept this long after its "
-        'last piece (a Redis stream per job, or in the process), for clients that reconnect.',
-    ),
-    Setting(
-        'AIJOB_STREAM_TEXT_MAX_MESSAGES',
-        '4000',
-        positive_int,
-        'Most delta messages of one job kept for reconnecting clients (the oldest go first).',
-    ),
     # ---- credentials and safety (the providers are the gateway feature's)
     Setting(
         'AIJOB_PLATFORM_API_KEY',
@@ -602,12 +563,6 @@ TOGETHER = (
         'AIJOB_REAP_AFTER_MS',
         "a live worker's heartbeat key (it lasts AIJOB_REAP_AFTER_MS) would expire between two "
         'heartbeats and its messages be handed to others',
-    ),
-    Together(
-        'AIJOB_STREAM_HEARTBEAT_MS',
-        'AIJOB_STREAM_MAX_S',
-        'an idle event stream would end before its first heartbeat',
-        scale=1000,
     ),
 )
 

@@ -65,6 +65,15 @@ class Hooks:
         # make(runtime, access) -> an API resource (engine/http/resources/__init__.py): the
         # feature's routes and OpenAPI fragment, after the kernel's resources, in this order.
         self.http_resources = []
+        # Followers of the text running provider calls stream: each has open(job_id) -> a sink
+        # (write(text), close()). The engine opens a sink with each around every provider call,
+        # the call's CallContext.report_text writes to them, and the engine closes them (a close
+        # may wait briefly for its last text to go out) before the call's outcome is written.
+        # Empty: the engine opens nothing and report_text does nothing.
+        self.live_text = []
+        # close(): called by Runtime.close, in this order, once the background loops have
+        # stopped and before the queue and the store close (a feature's threads, connections).
+        self.closers = []
 
 
 class Extension:

@@ -28,11 +28,11 @@ class ProviderCalls:
     """The provider calls of the jobs one engine runs. ``unit()`` is a unit of database work on
     the thread's connection, ``until_written`` the engine's write that waits out an outage."""
 
-    def __init__(self, store, lifecycle, ai, text, unit, until_written):
+    def __init__(self, store, lifecycle, ai, live_text, unit, until_written):
         self.store = store
         self.lifecycle = lifecycle
         self.ai = ai
-        self.text = text  # the live text of provider calls (execution/deltas.py)
+        self.live_text = live_text  # who follows the text of provider calls (Hooks.live_text)
         self.unit = unit
         self.until_written = until_written
 
@@ -137,12 +137,14 @@ class ProviderCalls:
 
     def _generate(self, call, ctx):
         """The provider call itself, timed and counted for the metrics. The text it streams goes
-        to the job's live stream through a sink of its own: each call (a retry, a fallback) is a
-        new attempt of that text. The sink is closed, its last text sent, before the call's
-        outcome is written, so a stream shows the whole text before the job's end."""
+        to each follower of the live text (a job's live stream) through a sink of its own: each
+        call (a retry, a fallback) is a new attempt of that text. The sinks are closed, their
+        last text sent, before the call's outcome is written, so a stream shows the whole text
+        before the job's end. With no follower, nothing is opened."""
         started = time.monotonic()
         usage, error_code = None, 'INTERNAL_PROVIDER_ERROR'
-        ctx.text_sink = self.text.open(call.request.job_id)
+        if self.live_text:
+            ctx.text_sinks = tuple(live.open(call.request.job_id) for live in self.live_text)
         try:
             call.sent = True
             result = call.provider.generate(call.request, ctx)
@@ -152,8 +154,9 @@ class ProviderCalls:
             usage, error_code = getattr(exc, 'usage', None), exc.code
             raise
         finally:
-            ctx.text_sink.close()
-            ctx.text_sink = None
+            for sink in ctx.text_sinks:
+                sink.close()
+            ctx.text_sinks = ()
             cost = self.cost(call, usage) if usage else None
             metrics.provider_call(
                 call.provider_key, call.model, error_code, time.monotonic() - started, usage, cost

@@ -65,7 +65,12 @@ class ExecutionEngine:
         self._unit = self.store.connection if self.store.dialect == 'mysql' else _no_connection
         self._until_written = UntilWritten(self.store, self._unit)
         self.calls = ProviderCalls(
-            self.store, self.lifecycle, self.ai, runtime.text_pump, self._unit, self._until_written
+            self.store,
+            self.lifecycle,
+            self.ai,
+            runtime.hooks.live_text,
+            self._unit,
+            self._until_written,
         )
         self.completion = Completion(
             self.store,

@@ -71,9 +71,9 @@ class CallContext:
         self.cancel_event = cancel_event or threading.Event()
         self._on_progress = on_progress
         self._clock = clock
-        # The live-text sink of the provider call now running (execution/deltas.py), set by
-        # the engine around each call; None: nobody follows the text.
-        self.text_sink = None
+        # The live-text sinks of the provider call now running (Hooks.live_text), set by the
+        # engine around each call; empty: nobody follows the text.
+        self.text_sinks = ()
 
     def remaining_s(self):
         return max(0.0, self.deadline - self._clock())
@@ -104,8 +104,9 @@ class CallContext:
     def report_text(self, text):
         """A streaming provider reports each piece of generated text as it arrives; the engine
         forwards it to the job's live stream. It must never be logged or stored."""
-        if text and self.text_sink is not None:
-            self.text_sink.write(text)
+        if text:
+            for sink in self.text_sinks:
+                sink.write(text)
 
 
 @dataclass

@@ -17,7 +17,6 @@ from .guard import Guard, bottle_error
 from .openapi import allowed_methods, build_document
 from .resources.admin_jobs import AdminJobs
 from .resources.credentials import Credentials
-from .resources.job_stream import JobStreams
 from .resources.jobs import Jobs
 from .resources.operations import Operations
 from .resources.usage import Usage
@@ -26,14 +25,12 @@ from .resources.webhooks import Webhooks
 
 class Api:
     """The resources of one app over one runtime, and the document built from them. The server
-    reaches the long poll's watch through it (to end waits when it stops), tests the streams'."""
+    reaches the long poll's watch through it (to end waits when it stops)."""
 
     def __init__(self, runtime):
         access = Access(runtime.store)
         jobs = Jobs(runtime, access)
-        job_streams = JobStreams(runtime, access)
         self.watch = jobs.watch
-        self.streams = job_streams.streams
         # The kernel's resources, then the installed features' (in the extensions' order).
         self.resources = (
             jobs,
@@ -42,7 +39,6 @@ class Api:
             Usage(runtime, access),
             Operations(runtime, self.document),
             Webhooks(runtime, access),
-            job_streams,
             Dashboard(runtime),
         ) + tuple(make(runtime, access) for make in runtime.hooks.http_resources)
         self.openapi = build_document(self.resources)

@@ -1,6 +1,7 @@
 """Waiting for a job to change without holding a connection: the long poll's ``?waitMs=``
-waiters and the job streams' (stream.py), each registered with a ``Watch`` whose one loop reads
-all their jobs at once, and the check of whether a waiting request's client has gone away."""
+waiters (and those of a feature that waits the same way, as the job event streams do), each
+registered with a ``Watch`` whose one loop reads all their jobs at once, and the check of whether
+a waiting request's client has gone away."""
 
 import logging
 import select
@@ -11,10 +12,11 @@ import time
 from ..core.errors import TooManyWaitersError
 from ..core.logs import log_event
 from ..core.models import AiJob
-from . import text_feed, views
+from . import views
 
 WATCH_CHUNK = 500  # job ids per batched re-read of the waiters' jobs
 GONE_CHECK_S = 0.5  # a waiting request looks at its client's socket at least this often
+HISTORY = 'history'  # what the watch wakes a waiter with: its job changed (Waiter.due)
 
 
 def client_gone(environ):
@@ -53,7 +55,7 @@ class Waiter:
         self.job_id, self.user_id = job_id, user_id
         self.changed = threading.Event()
         self.seen = None  # the job's status columns as the watcher last saw them
-        self.due = set()  # what changed since the waiter last looked: history, text (a stream)
+        self.due = set()  # what changed since the waiter last looked: HISTORY, or a feature's own
         self._lock = threading.Lock()
 
     def wake(self, what):
@@ -76,8 +78,8 @@ class Watch:
     waiter) and wakes the waiters whose job changed. A waiter holds no database connection while
     it waits. Under gevent the loop is a greenlet; in the in-process test client, a thread.
 
-    The job streams (stream.py) have a watch of their own: ``read`` is then what they wait on (the
-    latest history id of each job), and ``too_many`` their 429."""
+    A feature that waits the same way (the job event streams) builds a watch of its own: ``read``
+    is then what it waits on (the latest history id of each job), and ``too_many`` its 429."""
 
     def __init__(
         self, store, poll_s, max_waiters, max_per_user, read=None, too_many=TooManyWaitersError
@@ -146,14 +148,14 @@ class Watch:
                 for job_id, waiters in self._by_job.items():
                     for waiter in waiters:
                         if rows is None:
-                            waiter.wake(text_feed.HISTORY)
+                            waiter.wake(HISTORY)
                             continue
                         seen = rows.get(job_id)
                         if seen != waiter.seen:
                             # The first sighting wakes the waiter once too: the job may have
                             # changed between the waiter's own read and this one.
                             waiter.seen = seen
-                            waiter.wake(text_feed.HISTORY)
+                            waiter.wake(HISTORY)
             time.sleep(self.poll_s)
 
     def _read(self, job_ids):

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from engine.core.history import JobHistory
-from engine.http import stream
+from engine.features.streams import stream
 from tests.kernel.http.test_web_tier import create, serve  # noqa: F401
 from tests.support.api import JOBS, Harness
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
@@ -153,7 +153,7 @@ def test_an_idle_stream_gets_heartbeats_and_ends_at_its_time_cap(make_stream_api
     beats = [m for m in messages if m.get('comment') == 'keepalive']
     assert len(beats) >= 3, messages
     assert api.a.get(JOBS + '/' + job_id).json['lifecycleStatus'] == 'queued'
-    assert api.app.aijob_api.streams.count == 0
+    assert api.runtime.features['streams'].watch.count == 0
 
 
 def test_streams_are_capped_per_user_and_released_when_the_client_goes(make_stream_api):
@@ -167,13 +167,13 @@ def test_streams_are_capped_per_user_and_released_when_the_client_goes(make_stre
     assert refused.headers['retry-after'] == '5'
     theirs = api.b.request('GET', stream_path(other), stream=True)  # another user's own cap
     assert theirs.status == 200
-    assert api.app.aijob_api.streams.count == 3
+    assert api.runtime.features['streams'].watch.count == 3
     opened[0].close()  # the client went away
     again = api.a.request('GET', stream_path(job_id), stream=True)
     assert again.status == 200
     for response in (opened[1], theirs, again):
         response.close()
-    assert api.app.aijob_api.streams.count == 0
+    assert api.runtime.features['streams'].watch.count == 0
 
 
 def test_only_the_owner_or_an_admin_may_watch(make_stream_api):
@@ -189,7 +189,7 @@ def test_only_the_owner_or_an_admin_may_watch(make_stream_api):
     for bad in ('x', '-1', '1.5', '9' * 20):
         response = api.a.get(stream_path(job_id), headers={'Last-Event-ID': bad})
         assert (response.status, response.error_code) == (400, 'INVALID_REQUEST'), bad
-    assert api.app.aijob_api.streams.count == 0
+    assert api.runtime.features['streams'].watch.count == 0
 
 
 def test_a_cancelled_running_job_streams_its_cancel_and_ends(make_stream_api):
@@ -200,9 +200,10 @@ def test_a_cancelled_running_job_streams_its_cancel_and_ends(make_stream_api):
     reader = threading.Thread(target=lambda: got.update(messages=read_stream(api.a, job_id)))
     reader.start()
     deadline = time.monotonic() + 10
+    streams = api.runtime.features['streams'].watch
     while (
         api.a.get(JOBS + '/' + job_id).json['lifecycleStatus'] != 'running'
-        or api.app.aijob_api.streams.count == 0  # the stream has opened (and read its status)
+        or streams.count == 0  # the stream has opened (and read its status)
     ):
         assert time.monotonic() < deadline
         time.sleep(0.02)

@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 
 from engine.core.registry import JobDefinitionRegistry
-from engine.dispatch.deltas import RESET, MemoryTextChannel, RedisTextChannel, TextEntry
-from engine.execution.deltas import INTERVAL_S, DeltaPump
-from engine.http import stream
-from engine.http.text_feed import TextFollower
+from engine.features.streams import stream
+from engine.features.streams.channel import RESET, MemoryTextChannel, RedisTextChannel, TextEntry
+from engine.features.streams.pump import INTERVAL_S, DeltaPump
+from engine.features.streams.text_feed import TextFollower
 from engine.jobtypes.flashcards import flashcard_definition
 from tests.support.api import JOBS, Harness
 from tests.support.fake_openai import Reply, json_reply
@@ -52,7 +52,7 @@ def text_api(make_runtime, fake):
         stack.callback(runtime.stop_background, timeout_s=5)
         api = Harness(runtime)
         api.sent = []
-        channel = runtime.text_channel
+        channel = runtime.features['streams'].channel
         append_many = channel.append_many
 
         def recording(messages):
@@ -183,7 +183,7 @@ def test_a_reconnect_mid_way_repeats_nothing_and_misses_nothing(text_api, fake):
     before = first.join()
     last_id = before[-1]['id']
     assert before[-1]['event'] == 'delta' and last_id.count('-') == 2
-    assert text_api.app.aijob_api.streams.count == 0  # the hang-up released its place
+    assert text_api.runtime.features['streams'].watch.count == 0  # the hang-up released its place
     second = Reader(text_api.a, job_id, last_event_id=last_id)
     after = second.join()
     assert after[-1]['data']['lifecycleStatus'] == 'succeeded'

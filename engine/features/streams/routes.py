@@ -3,13 +3,13 @@ as server-sent events (stream.py writes them), and its part of the OpenAPI docum
 
 import bottle
 
-from ...core.errors import TooManyStreamsError
 from ...core.history import JobHistory
 from ...core.logs import log_event
 from ...core.states import TERMINAL
-from .. import parsing, stream, text_feed, views
-from ..openapi import error_responses, path_param
-from ..waiter import GONE_CHECK_S, Watch, client_gone
+from ...http import parsing, views
+from ...http.openapi import error_responses, path_param
+from ...http.waiter import GONE_CHECK_S, client_gone
+from . import stream, text_feed
 
 # OpenAPI 3.1: a text/event-stream schema describes each event (its fields as sent).
 SSE_EVENT = {
@@ -28,22 +28,14 @@ SSE_EVENT = {
 
 
 class JobStreams:
-    """GET /api/ai/jobs/{id}/stream, with the cap on the streams this process holds."""
+    """GET /api/ai/jobs/{id}/stream, over the feature's handle (extension.LiveStreams: the text
+    channel and feed, and the watch that caps the streams this process holds)."""
 
-    def __init__(self, runtime, access):
+    def __init__(self, live, runtime, access):
+        self.live = live
         self.runtime = runtime
         self.store = runtime.store
         self.access = access
-        # The open streams of this process, capped like the long poll's waiters.
-        self.streams = Watch(
-            runtime.store,
-            runtime.config.status_wait_poll_ms / 1000.0,
-            runtime.config.max_streams,
-            runtime.config.max_streams_per_user,
-            read=stream.watch_reader(runtime.store),
-            too_many=TooManyStreamsError,
-        )
-        self.text_feed = text_feed.TextFeed(runtime.text_channel)
 
     def routes(self):
         return (('GET', '/api/ai/jobs/<job_id>/stream', self.stream_job, False),)  # own connections
@@ -78,20 +70,20 @@ class JobStreams:
         opening = None
         if fresh:
             opening = stream.message('status', views.status_body(job, refs), str(after_id))
-        waiter = self.streams.enter(job_id, principal.user_id)
+        waiter = self.live.watch.enter(job_id, principal.user_id)
         # The live text only while the job runs: a stream opened after its end gets its final
         # status, as one that never saw text would.
         text = None
         if not ended:
             text = text_feed.TextFollower(
-                self.runtime.text_channel, self.text_feed, waiter, position.attempt, position.offset
+                self.live.channel, self.live.feed, waiter, position.attempt, position.offset
             )
         config = self.runtime.config
         settings = (config.stream_heartbeat_ms / 1000.0, config.stream_max_s, GONE_CHECK_S)
         environ = bottle.request.environ
         body = stream.JobStream(
             self.store,
-            self.streams,
+            self.live.watch,
             waiter,
             position,
             opening,

@@ -1,6 +1,6 @@
 """The live text of running provider calls (docs/architecture.md, decision 15): what a streaming
-provider reports through its CallContext goes, coalesced, to a channel (dispatch/deltas.py: a
-capped Redis stream per job, or in the process) that the web tier's job streams read.
+provider reports through its CallContext goes, coalesced, to a channel (channel.py: a capped
+Redis stream per job, or in the process) that the web tier's job streams read.
 
 Each provider call writes into a TextSink. One pump thread per process sends what the sinks
 hold: at most one message per call every INTERVAL_S, sooner when MAX_CHARS are waiting, all due
@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 
-from ..core.logs import log_event
+from ...core.logs import log_event
 
 INTERVAL_S = 0.1  # at most one message per call this often...
 MAX_CHARS = 512  # ...unless this many characters are waiting

@@ -1,5 +1,5 @@
 """The live text of the jobs a web process streams (docs/architecture.md, decision 15): one loop
-per process waits on the text channel (dispatch/deltas.py) for every followed job at once (one
+per process waits on the text channel (channel.py) for every followed job at once (one
 XREAD, blocking briefly, on Redis) and wakes the streams whose job has new text; each stream then
 reads its job's new entries itself and turns them into ``delta`` and ``reset`` events
 (TextFollower), skipping what its client already has.
@@ -12,13 +12,13 @@ import logging
 import threading
 import time
 
-from ..core.errors import AiJobError
-from ..core.logs import log_event
-from ..dispatch.deltas import RESET
+from ...core.errors import AiJobError
+from ...core.logs import log_event
+from .channel import RESET
 
 WAIT_S = 0.2  # longest one wait of the loop: a newly followed job joins the next one
 RETRY_S = 1.0  # after a failed wait (Redis away): the streams go on with their status events
-TEXT, HISTORY = 'text', 'history'  # what woke a stream (_Waiter.due)
+TEXT = 'text'  # what the feed wakes a stream with (Waiter.due), besides the watch's HISTORY
 
 
 class TextFeed:

@@ -14,11 +14,11 @@ its id the job's latest history row), then sends each history row written after 
 then it ends. A resumed stream sends only what comes after ``Last-Event-ID``; one with nothing
 left to send for a terminal job answers 204, which tells an EventSource to stop reconnecting.
 
-A stream waits the way the long poll does (waiter.Watch): one loop of the process reads the latest
-history id of every streamed job in one query per poll interval and wakes the streams whose job
-has a new row; a waiting stream holds no database connection, and under gevent costs a greenlet,
-never a thread. Idle streams get a comment every heartbeat interval; every stream ends after
-AIJOB_STREAM_MAX_S (the client reconnects with Last-Event-ID).
+A stream waits the way the long poll does (the kernel's http/waiter.py Watch): one loop of the
+process reads the latest history id of every streamed job in one query per poll interval and
+wakes the streams whose job has a new row; a waiting stream holds no database connection, and
+under gevent costs a greenlet, never a thread. Idle streams get a comment every heartbeat
+interval; every stream ends after AIJOB_STREAM_MAX_S (the client reconnects with Last-Event-ID).
 """
 
 import json
@@ -29,12 +29,13 @@ from typing import NamedTuple, Optional
 
 from peewee import fn
 
-from ..core.errors import InvalidRequestError
-from ..core.history import JobHistory
-from ..core.logs import log_event
-from ..core.models import AiJobEvent
-from ..core.states import TERMINAL
-from ..core.status_view import find_for_status, job_status
+from ...core.errors import InvalidRequestError
+from ...core.history import JobHistory
+from ...core.logs import log_event
+from ...core.models import AiJobEvent
+from ...core.states import TERMINAL
+from ...core.status_view import find_for_status, job_status
+from ...http.waiter import HISTORY
 from . import text_feed
 
 CONTENT_TYPE = 'text/event-stream; charset=utf-8'
@@ -172,7 +173,7 @@ class JobStream:
                     reason = 'terminal'
                     return
             last_sent = time.monotonic()
-            due = {text_feed.HISTORY, text_feed.TEXT}
+            due = {HISTORY, text_feed.TEXT}
             while True:
                 chunks, state = self._new_events(due)
                 for chunk in chunks:
@@ -222,7 +223,7 @@ class JobStream:
         round (the feed has woken the stream for it): the rows read after a piece of text
         include every row committed before that text was written."""
         pieces = self._text_pieces()
-        if text_feed.HISTORY not in due and all(p[2] == self.attempt for p in pieces):
+        if HISTORY not in due and all(p[2] == self.attempt for p in pieces):
             return self._messages(pieces), WAIT
         with self.store.connection():
             job, refs = find_for_status(self.waiter.job_id)

@@ -1,6 +1,6 @@
 """Where the live text of running jobs waits for the web tier (docs/architecture.md, decision
 15): a capped Redis stream per job that expires, or, on the embedded default, a list in the
-process. The worker's pump (execution/deltas.py) writes; the web processes' streams read.
+process. The worker's pump (pump.py) writes; the web processes' streams read.
 
 A job's channel holds entries in order: ``text`` (attempt, offset, text) and ``reset`` (a new
 attempt begins: a retry, a fallback, a takeover). Attempt numbers come from a counter per job
@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .redis_client import connect, translate_errors
+from ...dispatch.redis_client import connect, translate_errors
 
 TEXT, RESET = 'text', 'reset'
 # A job's attempt counter outlives its text: a retry after a long backoff, once the text has
