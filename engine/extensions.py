@@ -9,7 +9,8 @@ extensions install in:
 - provider batches, after the budgets (a parked call keeps its reservation) and before the rate
   limits (a batch takes no online slot); they settle a cancelled job's billed line against the
   budgets;
-- rate limits last: a call refused by anything before books no slot.
+- rate limits last: a call refused by anything before books no slot;
+- metrics: no guard; they count the kernel's signals and read the others' gauges at scrape time.
 Removing a feature is removing its line here (and its folder)."""
 
 from .core import config
@@ -17,6 +18,7 @@ from .features.batches.extension import BatchesExtension
 from .features.budgets.extension import BudgetsExtension
 from .features.cache.extension import CacheExtension
 from .features.gateway.extension import GatewayExtension
+from .features.metrics.extension import MetricsExtension
 from .features.rate_limits.extension import RateLimitsExtension
 
 INSTALLED = (
@@ -25,6 +27,7 @@ INSTALLED = (
     BudgetsExtension(),
     BatchesExtension(),
     RateLimitsExtension(),
+    MetricsExtension(),
 )
 
 # Every setting: the kernel's, then each installed feature's (README "Settings" lists them all).

@@ -21,7 +21,7 @@ from engine.execution.engine import ExecutionEngine
 from engine.execution.providers import Credential, ProviderCall, ProviderRequest, Usage
 from engine.features.cache import guard as cache_module
 from engine.features.cache.guard import CacheGuard
-from engine.http.metrics_view import scrape
+from engine.features.metrics.scrape import scrape
 from engine.jobtypes.flashcards import FlashcardProjector, flashcard_definition
 from engine.jobtypes.synthetic import synthetic_definition
 from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers

@@ -3,7 +3,7 @@
 from ...core.extension import Extension
 from . import items
 from .guard import BatchGuard
-from .routes import BatchRoutes
+from .routes import BatchRoutes, batch_gauges
 from .runner import BatchRunner, opted_in
 from .settings import SETTINGS, TOGETHER
 
@@ -21,6 +21,7 @@ class BatchesExtension(Extension):
     def install(self, kernel, hooks, features):
         # The operators' list answers whether or not anything opts in (an empty page then).
         hooks.http_resources.append(BatchRoutes)
+        hooks.gauges.append(batch_gauges)  # zeros when nothing opts in
         table = getattr(kernel.ai.gateway, 'table', None)
         if table is None or not opted_in(kernel.registry, table):
             return None

@@ -7,7 +7,7 @@ guard, the call path as it was, every call costing 0."""
 
 from ...core.errors import ConfigError
 from ...core.extension import Extension
-from .cooldowns import CooldownGuard, open_cooldowns
+from .cooldowns import CooldownGuard, cooldown_gauge, open_cooldowns
 from .providers_config import load
 from .routes import FallbackGuard, RoutedGateway
 from .settings import SETTINGS, provider_keys_from
@@ -24,10 +24,12 @@ class GatewayExtension(Extension):
     derive = (provider_keys_from,)
 
     def install(self, kernel, hooks, features):
+        ai = kernel.ai
+        # Every configured entry's cooldown, read at each scrape (none configured: no sample).
+        hooks.gauges.append(lambda: [cooldown_gauge(ai.gateway)])
         table = load(kernel.config)
         if table is None:
             return None
-        ai = kernel.ai
         _check_plugin_providers(table, ai.gateway)
         # The gateway and the prices are the AI services' own parts, replaced once, before any
         # job runs: the plugins registered their providers into the base gateway, which the
