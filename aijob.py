@@ -44,10 +44,9 @@ def cmd_config(config, args):
 
 
 def cmd_worker(config, args):
-    from engine.http.metrics_view import start_metrics_server
     from engine.runtime import run_worker_process
 
-    return run_worker_process(config, start_metrics=start_metrics_server)
+    return run_worker_process(config)
 
 
 def cmd_bench(config, args):

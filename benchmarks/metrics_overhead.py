@@ -1,5 +1,6 @@
-"""What counting costs on the hot path (README "Metrics"): the time of each call the engine makes
-per job (engine/core/metrics.py), in a single process (``worker``) and in prometheus-client's
+"""What counting costs on the hot path (README "Metrics"): the time of each signal the engine
+sends per job (engine/core/signals.py), counted by the metrics feature's receiver
+(engine/features/metrics/counters.py), in a single process (``worker``) and in prometheus-client's
 multiprocess mode (``web`` and ``serve``, writing to files), and their sum for one job next to
 the ~2.5 ms of Python CPU a job takes (docs/architecture.md, decision 10). Prints medians of
 several rounds.
@@ -16,10 +17,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.core import metrics  # noqa: E402
+from engine.core.signals import Signals  # noqa: E402
 from engine.execution.providers import Usage  # noqa: E402
+from engine.features.metrics import processes  # noqa: E402
+from engine.features.metrics.counters import Counting  # noqa: E402
 
 USAGE = Usage(prompt_tokens=120, completion_tokens=40)
+# As a runtime with the metrics extension installed says it: through the kernel's Signals.
+metrics = Signals([Counting()])
 
 # The calls one job makes: created, started, one provider call, finished, and the HTTP requests
 # of a create and two status reads.
@@ -82,10 +87,10 @@ def main():
     parser.add_argument('--rounds', type=int, default=5)
     args = parser.parse_args()
     report('single process (worker)', *measure(args.calls, args.rounds))
-    os.environ.pop(metrics.MULTIPROC_ENV, None)
+    os.environ.pop(processes.MULTIPROC_ENV, None)
     with tempfile.TemporaryDirectory() as directory:
-        os.environ[metrics.MULTIPROC_ENV] = directory
-        metrics.use_multiprocess_dir()
+        os.environ[processes.MULTIPROC_ENV] = directory
+        processes.use_multiprocess_dir()
         report('multiprocess files (web, serve)', *measure(args.calls, args.rounds))
 
 

@@ -11,6 +11,7 @@ extensions install in:
   budgets;
 - rate limits last: a call refused by anything before books no slot;
 - then the features that hold no call: the live text and event streams.
+- metrics: no guard; they count the kernel's signals and read the others' gauges at scrape time.
 Removing a feature is removing its line here (and its folder)."""
 
 from .core import config
@@ -18,6 +19,7 @@ from .features.batches.extension import BatchesExtension
 from .features.budgets.extension import BudgetsExtension
 from .features.cache.extension import CacheExtension
 from .features.gateway.extension import GatewayExtension
+from .features.metrics.extension import MetricsExtension
 from .features.rate_limits.extension import RateLimitsExtension
 from .features.streams.extension import StreamsExtension
 
@@ -28,6 +30,7 @@ INSTALLED = (
     BatchesExtension(),
     RateLimitsExtension(),
     StreamsExtension(),
+    MetricsExtension(),
 )
 
 # Every setting: the kernel's, then each installed feature's (README "Settings" lists them all).

@@ -3,6 +3,7 @@ the tests alike: the kernel first, then each installed extension (engine/extensi
 order. It sits above core, execution, dispatch, the job types and the extensions, and below
 http."""
 
+import contextlib
 import logging
 import os
 import socket
@@ -19,6 +20,7 @@ from .core.models import MODELS
 from .core.outbox import OutboxRepository
 from .core.registry import JobDefinitionRegistry
 from .core.service import AiJobService, PushNow
+from .core.signals import Signals
 from .core.store import Store
 from .core.webhook_urls import UrlPolicy
 from .core.webhooks import WebhookRepository
@@ -73,6 +75,8 @@ class Runtime:
         # The extensions' hook points (engine/core/extension.py): the kernel's parts are built
         # with them and read them; the extensions fill them below, in their order.
         self.hooks = Hooks()
+        # What the kernel's parts say as they work, passed to the extensions' receivers.
+        self.signals = Signals(self.hooks.signal_receivers)
         self.store = Store(config.database_url, pool_size=config.db_pool_size)
         hooks = self.hooks
         self.ai = build_ai_services(
@@ -105,6 +109,7 @@ class Runtime:
             admission=Admission.from_config(config, self.store, self.ai),
             cancel_signal=self._signal_cancel,
             create_checks=self.hooks.create_checks,
+            signals=self.signals,
             webhooks=self.webhooks,
             webhook_policy=self.webhook_policy,
             snapshot_ttl_ms=config.snapshot_ttl_ms,
@@ -119,6 +124,7 @@ class Runtime:
             registry=self.registry,
             outbox=self.outbox,
             redis=_LazyRedis(self.queue) if config.uses_redis else None,
+            signals=self.signals,
         )
         self.features = install_extensions(kernel, self.hooks, extensions)
         self.ai.gateway.check_definitions(self.registry.get_all())
@@ -137,6 +143,7 @@ class Runtime:
             reap_after_ms=config.reap_after_ms,
             repush_after_ms=config.reconcile_after_ms,
             steps=self.hooks.reaper_steps,
+            signals=self.signals,
         )
         self.reconciler = Reconciler(self.lifecycle, self.queue, after_ms=config.reconcile_after_ms)
         self.purger = Purger(
@@ -236,10 +243,9 @@ class _LazyRedis:
         return getattr(self._queue.redis, name)
 
 
-def run_worker_process(config, start_metrics=None):
+def run_worker_process(config):
     """``python aijob.py worker``: needs Redis, since an in-memory queue cannot cross processes.
-    ``start_metrics(runtime)``, from the CLI, serves AIJOB_METRICS_PORT (an object with
-    ``close()``, or None)."""
+    The extensions' ``worker_process`` hooks are around its loops (the metrics' own port)."""
     if not config.uses_redis:
         raise ConfigError(
             'the worker needs AIJOB_REDIS_URL: the in-memory queue cannot cross '
@@ -254,10 +260,10 @@ def run_worker_process(config, start_metrics=None):
     except QueueUnavailableError as exc:
         # Redis down or failing over at start: the loops retry until it answers.
         log_event('queue.unavailable', logging.WARNING, component='worker', error=str(exc))
-    metrics_server = start_metrics(runtime) if start_metrics is not None else None
-    runtime.attach_worker().run_until_signalled()
-    runtime.stop_background()  # the ordered stop, within AIJOB_SHUTDOWN_GRACE_MS
-    if metrics_server is not None:
-        metrics_server.close()
+    with contextlib.ExitStack() as around:
+        for make in runtime.hooks.worker_process:
+            around.enter_context(make(runtime))
+        runtime.attach_worker().run_until_signalled()
+        runtime.stop_background()  # the ordered stop, within AIJOB_SHUTDOWN_GRACE_MS
     runtime.close()
     return 0

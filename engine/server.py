@@ -16,10 +16,10 @@ hub: everything they wait on (the store, Redis, the provider's HTTP, sleeps, loc
 The ``worker`` process is not gunicorn and keeps real threads.
 """
 
+import contextlib
 import gc
 import json
 import math
-import os
 import signal
 import socket
 import time
@@ -31,7 +31,7 @@ from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers import ggevent
 
-from .core import master_key, metrics
+from .core import master_key
 from .core.config import Config
 from .core.errors import (
     ExpectationFailedError,
@@ -217,7 +217,6 @@ class AijobGunicorn(BaseApplication):
         gunicorn.util.write_error = write_json_error
         self.cfg.set('worker_exit', self._worker_exit)
         self.cfg.set('post_fork', self._post_fork)
-        self.cfg.set('child_exit', _child_exit)
         refused = RefusedBodies(self.config.max_body_bytes)
         self.cfg.set('pre_request', refused.pre_request)
         self.cfg.set('post_request', refused.post_request)
@@ -249,23 +248,14 @@ class AijobGunicorn(BaseApplication):
             self.runtime.close()
 
 
-def _child_exit(server, worker):
-    """In the master, when a worker has gone: its live metric files go (its counts stay)."""
-    metrics.worker_exited(worker.pid)
-
-
-def run_gunicorn(config, options, with_background=False):
-    """Serve with gunicorn, every worker writing its metrics into one directory that any worker
-    sums at a scrape (README "Metrics"); a directory made here is removed at the end."""
-    directory, made_here = metrics.use_multiprocess_dir()
-    master = os.getpid()
-    try:
+def run_gunicorn(config, options, hooks, with_background=False):
+    """Serve with gunicorn, inside the extensions' ``gunicorn_master`` hooks (``hooks``: a
+    runtime's, built in this master before the fork): the metrics' directory that every worker
+    writes its counts into and any worker sums at a scrape (README "Metrics")."""
+    with contextlib.ExitStack() as around:
+        for make in hooks.gunicorn_master:
+            around.enter_context(make())
         AijobGunicorn(config, options, with_background=with_background).run()
-    finally:
-        # A worker leaves through here too (gunicorn's SystemExit unwinds the forked stack):
-        # only the master, last out, removes the directory.
-        if made_here and os.getpid() == master:
-            metrics.remove_multiprocess_dir(directory)
 
 
 def gunicorn_options(config, host, port, workers):
@@ -298,7 +288,7 @@ def run_web(config, host, port, workers):
         master_key.require(config, runtime.store)
     finally:
         runtime.close()  # nothing opened here may be inherited by the forked workers
-    run_gunicorn(config, gunicorn_options(config, host, port, workers))
+    run_gunicorn(config, gunicorn_options(config, host, port, workers), runtime.hooks)
 
 
 def with_dev_master_key(config):
@@ -341,4 +331,6 @@ def run_serve(config, host, port):
     if key_path is not None:
         print("development master key (webhook secrets, users' keys): %s" % key_path, flush=True)
     log_event('serve.starting', url=url, master_key_file=key_path)
-    run_gunicorn(config, gunicorn_options(config, host, port, 1), with_background=True)
+    run_gunicorn(
+        config, gunicorn_options(config, host, port, 1), runtime.hooks, with_background=True
+    )

@@ -387,26 +387,6 @@ SETTINGS = (
         'gunicorn worker processes of `web` when --workers is not given.',
     ),
     Setting(
-        'AIJOB_METRICS_TOKEN',
-        '',
-        secret_or_empty,
-        'A bearer token that may read GET /metrics (besides admin tokens), for a Prometheus '
-        'scrape config. Unset: only admin tokens may.',
-        secret=True,
-    ),
-    Setting(
-        'AIJOB_METRICS_PORT',
-        '',
-        port_or_empty,
-        '`worker` serves GET /metrics on this port (same tokens as the API). Unset: no port.',
-    ),
-    Setting(
-        'AIJOB_METRICS_HOST',
-        '0.0.0.0',
-        non_empty_text,
-        "Address the worker's AIJOB_METRICS_PORT listens on.",
-    ),
-    Setting(
         'AIJOB_MAX_ACTIVE_JOBS_PER_USER',
         '100',
         non_negative_int,

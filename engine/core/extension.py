@@ -33,6 +33,7 @@ class Kernel(NamedTuple):
     registry: Any  # the job definitions, plugins loaded
     outbox: Any
     redis: Any  # the queue's Redis client (built at first use), or None on the embedded default
+    signals: Any  # core.signals.Signals: what the kernel says as it works (a guard may too)
 
 
 class Hooks:
@@ -74,6 +75,19 @@ class Hooks:
         # close(): called by Runtime.close, in this order, once the background loops have
         # stopped and before the queue and the store close (a feature's threads, connections).
         self.closers = []
+        # Receivers of the kernel's signals (core/signals.py: jobs created, finished, provider
+        # calls, HTTP requests...): the kernel's parts pass each signal to every one, in order.
+        self.signal_receivers = []
+        # read() -> Prometheus metric families of shared state, read at each scrape (the
+        # gateway's cooldowns, the provider batches); the kernel reads none of them: the
+        # metrics feature's scrape collects them, the caller holding a store connection.
+        self.gauges = []
+        # make() -> a context manager that gunicorn's master (engine/server.py: ``serve``,
+        # ``web``) enters before it forks its workers and leaves after the last one is gone.
+        self.gunicorn_master = []
+        # make(runtime) -> a context manager that ``python aijob.py worker`` enters once its
+        # runtime is built, before its loops start, and leaves after they stopped.
+        self.worker_process = []
 
 
 class Extension:

@@ -6,7 +6,6 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
-from . import metrics
 from .admission import count_create, refuses_by_error
 from .errors import (
     BudgetExceededError,
@@ -23,6 +22,7 @@ from .history import CREATED, DISPATCHED, RETRIED, NewEvent, insert_events
 from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
 from .outbox import ENQUEUE_EVENT
 from .registry import first_error
+from .signals import SILENT
 from .sql import insert_row
 from .states import CANCELLED, FAILED, TERMINAL
 from .store import IntegrityError
@@ -110,6 +110,7 @@ class AiJobService:
         admission=None,
         cancel_signal=None,
         create_checks=(),
+        signals=SILENT,
         webhooks=None,
         webhook_policy=None,
         snapshot_ttl_ms=DEFAULT_SNAPSHOT_TTL_MS,
@@ -145,6 +146,8 @@ class AiJobService:
         # written (a spent budget in money: BudgetExceededError, 429); the hook point
         # create_checks of engine/core/extension.py.
         self.create_checks = create_checks
+        # What it says as jobs are created and cancelled (core/signals.py).
+        self.signals = signals
         # A job's own webhookUrl: checked by the webhook URL rule, kept as an endpoint of that
         # job (architecture decision 15).
         self.webhooks = webhooks
@@ -188,7 +191,7 @@ class AiJobService:
             if existing is None:
                 raise
             return self._replay(existing, fingerprint)
-        metrics.job_created(job.job_type, job.queue_name)
+        self.signals.job_created(job.job_type, job.queue_name)
         return CreateResult(job, True)
 
     def _pushes_now(self):
@@ -280,7 +283,7 @@ class AiJobService:
             )
         job = self.lifecycle.mark_cancelled(job_id)
         if job.lifecycle_status == CANCELLED:  # it was queued: finished now
-            metrics.job_finished(job.job_type, job.queue_name, CANCELLED)
+            self.signals.job_finished(job.job_type, job.queue_name, CANCELLED)
         if job.lifecycle_status == 'running' and self.cancel_signal is not None:
             self.cancel_signal(job_id)
         return job

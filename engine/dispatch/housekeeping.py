@@ -6,7 +6,6 @@ import logging
 import time
 from typing import NamedTuple
 
-from ..core import metrics
 from ..core.errors import (
     IllegalTransitionError,
     InternalJobError,
@@ -15,6 +14,7 @@ from ..core.errors import (
 )
 from ..core.fences import ExpiredLockFence
 from ..core.logs import log_event
+from ..core.signals import SILENT
 from .queue import Message
 
 
@@ -34,7 +34,15 @@ class Reaper:
     free worker it is not pushed again until ``repush_after_ms`` has passed (the message may have
     been lost with Redis's data), as the reconciler does for queued jobs."""
 
-    def __init__(self, lifecycle, queue, reap_after_ms=90_000, repush_after_ms=60_000, steps=()):
+    def __init__(
+        self,
+        lifecycle,
+        queue,
+        reap_after_ms=90_000,
+        repush_after_ms=60_000,
+        steps=(),
+        signals=SILENT,
+    ):
         self.lifecycle = lifecycle
         self.queue = queue
         self.reap_after_ms = reap_after_ms
@@ -44,6 +52,7 @@ class Reaper:
         # reservations of calls whose worker died before settling them); step() returns how
         # many rows it released. The hook point reaper_steps of engine/core/extension.py.
         self.steps = steps
+        self.signals = signals  # the jobs it finishes (core/signals.py)
 
     def sweep(self):
         """One pass; returns counts of messages recovered and jobs republished, waiting (pushed
@@ -76,7 +85,7 @@ class Reaper:
         try:
             if job.cancel_requested_at is not None:
                 self.lifecycle.mark_cancelled(job.id, fence=fence)
-                metrics.job_finished(job.job_type, job.queue_name, 'cancelled')
+                self.signals.job_finished(job.job_type, job.queue_name, 'cancelled')
                 return 'cancelled'
             if job.locked_by is None:  # deferred (lifecycle.defer): waiting, nobody lost
                 return self._wake(job) if queue_up else 'deferred'
@@ -91,7 +100,7 @@ class Reaper:
                 ),
                 fence=fence,
             )
-            metrics.job_finished(job.job_type, job.queue_name, 'failed')
+            self.signals.job_finished(job.job_type, job.queue_name, 'failed')
             log_event(
                 'job.worker_lost',
                 logging.WARNING,

@@ -8,7 +8,6 @@ import logging
 import time
 from decimal import Decimal
 
-from ..core import metrics
 from ..core.errors import (
     AiJobError,
     InternalJobError,
@@ -28,13 +27,14 @@ class ProviderCalls:
     """The provider calls of the jobs one engine runs. ``unit()`` is a unit of database work on
     the thread's connection, ``until_written`` the engine's write that waits out an outage."""
 
-    def __init__(self, store, lifecycle, ai, live_text, unit, until_written):
+    def __init__(self, store, lifecycle, ai, live_text, unit, until_written, signals):
         self.store = store
         self.lifecycle = lifecycle
         self.ai = ai
         self.live_text = live_text  # who follows the text of provider calls (Hooks.live_text)
         self.unit = unit
         self.until_written = until_written
+        self.signals = signals  # each call's outcome, time, tokens and cost (core/signals.py)
 
     def call(self, a, resolved, call_no):
         """One provider call: generate within the deadline, validate, safety on output. Returns
@@ -158,7 +158,7 @@ class ProviderCalls:
                 sink.close()
             ctx.text_sinks = ()
             cost = self.cost(call, usage) if usage else None
-            metrics.provider_call(
+            self.signals.provider_call(
                 call.provider_key, call.model, error_code, time.monotonic() - started, usage, cost
             )
 

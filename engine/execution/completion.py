@@ -4,7 +4,6 @@ group commit with other jobs' (core/groupcommit.py), and the job's terminal writ
 
 import time
 
-from ..core import metrics
 from ..core.errors import (
     FinishWrittenError,
     IllegalTransitionError,
@@ -37,13 +36,14 @@ class Completion:
     """The final writes of the jobs one engine runs. ``calls`` writes a call's usage row
     (calls.ProviderCalls); ``until_written`` waits out a store outage."""
 
-    def __init__(self, store, lifecycle, calls, unit, until_written, group_commit):
+    def __init__(self, store, lifecycle, calls, unit, until_written, group_commit, signals):
         self.store = store
         self.lifecycle = lifecycle
         self.calls = calls
         self.unit = unit
         self.until_written = until_written
         self.group_commit = group_commit
+        self.signals = signals  # each job's end (core/signals.py)
 
     # ------------------------------------------------------------ PROJECT
     def project(self, a, resolved, output, usage, latency_ms, call):
@@ -122,7 +122,8 @@ class Completion:
 
     def complete(self, a, status, error_code):
         """The job's end, once written: counted and logged. Returns ``status``."""
-        metrics.job_finished(a.job.job_type, a.job.queue_name, status, time.monotonic() - a.started)
+        run_s = time.monotonic() - a.started
+        self.signals.job_finished(a.job.job_type, a.job.queue_name, status, run_s)
         log_event(
             'job.finished',
             job_id=a.job.id,

@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 
-from ..core import metrics
 from ..core.errors import (
     IllegalTransitionError,
     InternalJobError,
@@ -48,6 +47,7 @@ class ExecutionEngine:
         self.registry = runtime.registry
         self.lifecycle = runtime.lifecycle
         self.ai = runtime.ai
+        self.signals = runtime.signals  # what it says as jobs run (core/signals.py)
         self.instance_id = instance_id
         self.lock_ttl_ms = runtime.config.lock_ttl_ms
         # Where a terminal UPDATE's refusal is the server's error (Store.guards_row_counts), a
@@ -71,6 +71,7 @@ class ExecutionEngine:
             runtime.hooks.live_text,
             self._unit,
             self._until_written,
+            self.signals,
         )
         self.completion = Completion(
             self.store,
@@ -79,6 +80,7 @@ class ExecutionEngine:
             self._unit,
             self._until_written,
             self.group_commit,
+            self.signals,
         )
 
     # ------------------------------------------------------------ PREPARE
@@ -184,7 +186,7 @@ class ExecutionEngine:
         attempt = Attempt(job, definition, Fence(self.instance_id, job.attempt_no), snapshot)
         if job.attempt_no == 1 and job.started_at is not None:
             wait_s = (job.started_at - job.created_at).total_seconds()
-            metrics.job_started(job.job_type, job.queue_name, wait_s)
+            self.signals.job_started(job.job_type, job.queue_name, wait_s)
         attempt.retries_used = job.retry_count
         attempt.defer_success = defer_success
         attempt.adopted = adopted
@@ -327,7 +329,7 @@ class ExecutionEngine:
                 error_code=failure.code,
                 delay_s=round(delay_s, 2),
             )
-            metrics.job_retried(a.job.job_type, failure.code)
+            self.signals.job_retried(a.job.job_type, failure.code)
             # Counted (and written to the history) when scheduled, so the backoff shows.
             schedule = functools.partial(
                 self.lifecycle.count_retry,
@@ -361,7 +363,7 @@ class ExecutionEngine:
         self._release_held(a.job.id)  # no lock left to extend: the supervisor lets it be
         if waker is not None:
             waker.schedule(event, deferral.delay_s)
-        metrics.job_deferred(a.job.job_type, deferral.reason)
+        self.signals.job_deferred(a.job.job_type, deferral.reason)
         log_event(
             'job.deferred',
             job_id=a.job.id,

@@ -55,7 +55,7 @@ def create_app(runtime):
     """The WSGI application for ``runtime``."""
     api = Api(runtime)
     app = bottle.Bottle(catchall=True)
-    app.install(Guard(runtime.store, runtime.config.request_timeout_ms / 1000.0))
+    app.install(Guard(runtime.store, runtime.config.request_timeout_ms / 1000.0, runtime.signals))
     app.default_error_handler = bottle_error
     app.aijob_api = api
     routes = api.routes()

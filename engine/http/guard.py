@@ -1,7 +1,7 @@
 """The bottle plugin every route runs inside, and bottle's own errors: a database connection for
 the request (unless the route says ``db=False``), an AiJobError turned into its public JSON error
 (by the error's ``code``, ``http_status`` and ``public_message``), anything unexpected into one
-clean 500, one access-log line and the request metrics."""
+clean 500, one access-log line and the request's signal (core/signals.py)."""
 
 import json
 import logging
@@ -10,7 +10,6 @@ import time
 import bottle
 import peewee
 
-from ..core import metrics
 from ..core.errors import (
     AiJobError,
     MethodNotAllowedError,
@@ -19,6 +18,7 @@ from ..core.errors import (
     StoreUnavailableError,
 )
 from ..core.logs import log_event
+from ..core.signals import SILENT
 from ..core.store import OperationalError, PoolExhausted
 from .replies import INTERNAL_MESSAGE, JSON_TYPE, error_body, error_reply
 
@@ -32,14 +32,15 @@ BOTTLE_ERRORS = {
 
 class Guard:
     """bottle plugin: a database connection for the request (unless the route says ``db=False``),
-    error mapping and the access log."""
+    error mapping, the access log and the request's signal."""
 
     api = 2
     name = 'aijob_guard'
 
-    def __init__(self, store, request_timeout_s=None):
+    def __init__(self, store, request_timeout_s=None, signals=SILENT):
         self.store = store
         self.request_timeout_s = request_timeout_s
+        self.signals = signals
 
     def apply(self, callback, route):
         uses_db = route.config.get('db', True)
@@ -49,7 +50,7 @@ class Guard:
             bottle.request.environ['aijob.request_timeout_s'] = self.request_timeout_s
             result = self._run(callback, uses_db, args, kwargs)
             access_log(route, result.status_code, started, kwargs.get('job_id'))
-            metrics.http_request(
+            self.signals.http_request(
                 route.method, route.rule, result.status_code, time.monotonic() - started
             )
             return result

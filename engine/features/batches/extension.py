@@ -4,7 +4,7 @@ from ...core.extension import Extension
 from . import items
 from .guard import BatchGuard
 from .models import TABLES
-from .routes import BatchRoutes
+from .routes import BatchRoutes, batch_gauges
 from .runner import BatchRunner, opted_in
 from .settings import SETTINGS, TOGETHER
 
@@ -23,6 +23,7 @@ class BatchesExtension(Extension):
         # The tables and the operators' list whether or not anything opts in (an empty page).
         hooks.tables.append(TABLES)
         hooks.http_resources.append(BatchRoutes)
+        hooks.gauges.append(batch_gauges)  # zeros when nothing opts in
         table = getattr(kernel.ai.gateway, 'table', None)
         if table is None or not opted_in(kernel.registry, table):
             return None

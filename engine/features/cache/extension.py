@@ -17,6 +17,6 @@ class CacheExtension(Extension):
         hooks.purge_steps.append(('cache_entries', purge_expired))
         if not any(definition.cache is not None for definition in kernel.registry.get_all()):
             return None
-        guard = CacheGuard(kernel.store)
+        guard = CacheGuard(kernel.store, signals=kernel.signals)
         hooks.call_guards.append(guard)
         return guard

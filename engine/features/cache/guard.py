@@ -27,11 +27,11 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ...core import metrics
 from ...core.errors import JobCancelledError
 from ...core.history import CACHE_HIT, NewEvent, insert_events
 from ...core.logs import log_event
 from ...core.models import AiJob, canonical_hash
+from ...core.signals import SILENT
 from ...core.store import IntegrityError, db_now
 from ...execution.providers import CallGuard, ProviderResult, Usage
 from .models import AiResponseCache
@@ -87,8 +87,9 @@ class CacheGuard(CallGuard):
 
     name = NOTE
 
-    def __init__(self, store, poll_s=POLL_S, claim_margin_ms=CLAIM_MARGIN_MS):
+    def __init__(self, store, poll_s=POLL_S, claim_margin_ms=CLAIM_MARGIN_MS, signals=SILENT):
         self.store = store
+        self.signals = signals  # each lookup, hit or miss (core/signals.py)
         self.poll_s = poll_s
         self.claim_margin_ms = claim_margin_ms
         # A pooled database gets a connection per unit of work; SQLite keeps the thread's own.
@@ -178,13 +179,13 @@ class CacheGuard(CallGuard):
     def _hit(self, call, key, found):
         saved = Usage(found.prompt_tokens, found.completion_tokens)
         call.notes[NOTE] = _Note(key, 'hit', found.owner_job_id, saved)
-        metrics.cache_lookup(call.job.job_type, hit=True)
+        self.signals.cache_lookup(call.job.job_type, hit=True)
         # No tokens used: the usage row (and every guard's settle) sees a call that cost nothing.
         return ProviderResult(output=found.output, usage=Usage(), model=found.model or call.model)
 
     def _miss(self, call, key, state):
         call.notes[NOTE] = _Note(key, state)
-        metrics.cache_lookup(call.job.job_type, hit=False)
+        self.signals.cache_lookup(call.job.job_type, hit=False)
         return None
 
     def _check_cancel(self, call):

@@ -8,7 +8,7 @@ every call costing 0."""
 
 from ...core.errors import ConfigError
 from ...core.extension import Extension
-from .cooldowns import CooldownGuard, open_cooldowns
+from .cooldowns import CooldownGuard, cooldown_gauge, open_cooldowns
 from .providers_config import load
 from .routes import FallbackGuard, RoutedGateway
 from .settings import SETTINGS, provider_keys_from
@@ -25,10 +25,12 @@ class GatewayExtension(Extension):
     derive = (provider_keys_from,)
 
     def install(self, kernel, hooks, features):
+        ai = kernel.ai
+        # Every configured entry's cooldown, read at each scrape (none configured: no sample).
+        hooks.gauges.append(lambda: [cooldown_gauge(ai.gateway)])
         table = load(kernel.config)
         if table is None:
             return None
-        ai = kernel.ai
         _check_plugin_providers(table, ai.providers)
         # The provider file is where every price comes from; the routed gateway keeps the
         # plugins' providers (the kernel's gateway) and routes every call from now on.

@@ -1,32 +1,26 @@
 """The operations resource: liveness, readiness (the store answers a query, the queue takes a
-write), the Prometheus scrape and the OpenAPI document itself; with their part of the document."""
-
-import bottle
+write) and the OpenAPI document itself; with their part of the document. The Prometheus scrape is
+the metrics feature's (engine/features/metrics/routes.py)."""
 
 from ...core.errors import AiJobError, NotReadyError
-from .. import parsing
-from ..metrics_view import CONTENT_TYPE as METRICS_TYPE
-from ..metrics_view import MetricsAccess, scrape
 from ..openapi import RETRY_AFTER, error_responses, json_response, ref
 from ..replies import error_body, reply
 
 
 class Operations:
-    """/healthz, /readyz, /openapi.json and /metrics."""
+    """/healthz, /readyz and /openapi.json."""
 
     def __init__(self, runtime, document):
         """``document()``: the OpenAPI document, built from every resource (this one too)."""
         self.runtime = runtime
         self.store = runtime.store
         self.document = document
-        self.metrics_access = MetricsAccess(runtime.store, runtime.config.metrics_token)
 
     def routes(self):
         return (
             ('GET', '/healthz', self.healthz, False),
             ('GET', '/readyz', self.readyz, False),
             ('GET', '/openapi.json', self.openapi_document, False),
-            ('GET', '/metrics', self.metrics, True),
         )
 
     def paths(self):
@@ -60,16 +54,6 @@ class Operations:
 
     def openapi_document(self):
         return reply(self.document())
-
-    def metrics(self):
-        """The Prometheus scrape (README "Metrics"): admin token or AIJOB_METRICS_TOKEN."""
-        principal = self.metrics_access.check(parsing.header('Authorization'))
-        bottle.request.environ['aijob.principal'] = principal
-        return bottle.HTTPResponse(
-            body=scrape(self.runtime),
-            status=200,
-            headers={'Content-Type': METRICS_TYPE, 'Cache-Control': 'no-store'},
-        )
 
 
 def _check(ping):
@@ -107,21 +91,6 @@ def _paths():
                         ),
                     },
                     **{'500': error_responses()['500']},
-                ),
-            }
-        },
-        '/metrics': {
-            'get': {
-                'summary': 'Prometheus metrics, text exposition format (SUPER_ADMIN, or the '
-                'AIJOB_METRICS_TOKEN bearer).',
-                'responses': dict(
-                    {
-                        '200': {
-                            'description': 'The scrape.',
-                            'content': {'text/plain': {'schema': {'type': 'string'}}},
-                        }
-                    },
-                    **error_responses(401, 403, 503),
                 ),
             }
         },

@@ -22,7 +22,7 @@ from engine.execution.providers import Credential, ProviderCall, ProviderRequest
 from engine.features.cache import guard as cache_module
 from engine.features.cache.guard import CacheGuard
 from engine.features.cache.models import AiResponseCache
-from engine.http.metrics_view import scrape
+from engine.features.metrics.scrape import scrape
 from engine.jobtypes.flashcards import FlashcardProjector, flashcard_definition
 from engine.jobtypes.synthetic import synthetic_definition
 from tests.features.metrics.test_metrics import parse, value

@@ -28,10 +28,10 @@ from engine.features.gateway.cooldowns import (
 )
 from engine.features.gateway.providers_config import Entry, ModelSpec
 from engine.features.gateway.routes import RouteState
+from engine.features.metrics.scrape import scrape
 from engine.http import dashboard_pages
 from engine.http.app import create_app
 from engine.http.auth import TokenStore
-from engine.http.metrics_view import scrape
 from tests.support.backends import REDIS_URL, RUN_PREFIX, delete_redis_keys, require_servers
 from tests.support.dashboard import FormClient
 from tests.support.fake_openai import FakeOpenAI, Reply, error_reply, json_reply

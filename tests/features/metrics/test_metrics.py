@@ -12,12 +12,18 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.core.signals import Signals
+from engine.execution.engine import ExecutionEngine
+from engine.extensions import INSTALLED
+from engine.http.app import create_app
 from engine.http.auth import TokenStore
+from engine.runtime import Runtime
 from tests.support.api import JOBS, Harness, poll_until, run_to_running
 from tests.support.backends import require_servers
 from tests.support.helpers import create_job, wait_until
 from tests.support.paths import ROOT
 from tests.support.servers import free_port
+from tests.support.wsgi import WsgiClient
 
 SYNTHETIC = {'job_type': 'synthetic', 'queue': 'ai-interactive'}
 
@@ -141,6 +147,53 @@ def test_metrics_refuse_anonymous_callers_and_users(make_runtime):
 def test_no_metrics_token_by_default(api):
     assert api.runtime.config.metrics_token is None
     assert api.client('').get('/metrics').status == 401
+
+
+# ---------------------------------------------------------------- the kernel's signals
+class Heard:
+    """A receiver that writes down each signal it hears."""
+
+    def __init__(self, name, heard):
+        self.name, self.heard = name, heard
+
+    def __getattr__(self, signal):
+        return lambda *args: self.heard.append((self.name, signal) + args)
+
+
+def test_each_signal_goes_to_every_receiver_in_order():
+    heard = []
+    signals = Signals([Heard('first', heard), Heard('second', heard)])
+    signals.job_created('synthetic', 'ai-interactive')
+    signals.job_finished('synthetic', 'ai-interactive', 'failed')
+    signals.http_request('GET', '/healthz', 200, 0.001)
+    assert heard == [
+        ('first', 'job_created', 'synthetic', 'ai-interactive'),
+        ('second', 'job_created', 'synthetic', 'ai-interactive'),
+        ('first', 'job_finished', 'synthetic', 'ai-interactive', 'failed', None),
+        ('second', 'job_finished', 'synthetic', 'ai-interactive', 'failed', None),
+        ('first', 'http_request', 'GET', '/healthz', 200, 0.001),
+        ('second', 'http_request', 'GET', '/healthz', 200, 0.001),
+    ]
+
+
+def test_without_the_metrics_extension_jobs_run_and_nothing_serves_metrics(make_runtime, backend):
+    """Deleting engine/features/metrics/ and its line in engine/extensions.py leaves an engine
+    that works: no /metrics route, no receiver, a job created and run to its end."""
+    make_runtime()  # the schema, its tables emptied
+    others = tuple(extension for extension in INSTALLED if extension.name != 'metrics')
+    runtime = Runtime(backend.config(), role='test', extensions=others)
+    try:
+        assert runtime.hooks.signal_receivers == [] and 'metrics' not in runtime.features
+        with runtime.store.connection():
+            app = create_app(runtime)
+            admin = TokenStore(runtime.store).create('root', admin=True)
+            assert '/metrics' not in WsgiClient(app).get('/openapi.json').json['paths']
+            missing = WsgiClient(app, admin).get('/metrics')
+            assert missing.status == 404 and missing.error_code == 'NOT_FOUND'
+            job = create_job(runtime, input={'output': {'ok': True}})
+        assert ExecutionEngine(runtime, 'worker-plain').execute(job.id) == 'succeeded'
+    finally:
+        runtime.close()
 
 
 # ---------------------------------------------------------------- real processes

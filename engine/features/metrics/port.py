@@ -1,7 +1,7 @@
-"""``GET /metrics``: the Prometheus scrape, for an admin token or AIJOB_METRICS_TOKEN (never
-open), on the API of ``serve`` and ``web`` and on AIJOB_METRICS_PORT of ``worker``."""
+"""AIJOB_METRICS_PORT of ``python aijob.py worker``: ``GET /metrics`` on a small threaded HTTP
+server of its own (the worker serves no API), with the API's tokens and JSON errors."""
 
-import hmac
+import contextlib
 import json
 import logging
 import threading
@@ -9,62 +9,15 @@ from http import HTTPStatus
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from ..core import metrics
-from ..core.errors import AiJobError, ForbiddenError, StoreUnavailableError, UnauthorizedError
-from ..core.logs import log_event
-from ..dispatch.scrape import CONTENT_TYPE, exposition
-from ..features.batches.routes import batch_gauges
-from ..features.gateway.cooldowns import cooldown_gauge
-from .auth import TokenStore, bearer_token
+from ...core.errors import AiJobError, StoreUnavailableError
+from ...core.logs import log_event
+from .processes import use_single_process
+from .routes import MetricsAccess
+from .scrape import CONTENT_TYPE, scrape
 
 SCRAPE_TIMEOUT_S = 10  # a scraper silent this long is dropped (the worker's own port)
 
 
-class MetricsAccess:
-    """Who may scrape: the AIJOB_METRICS_TOKEN bearer, or an admin's token. No token, or an
-    unknown one, is UNAUTHORIZED; a user's token is FORBIDDEN."""
-
-    def __init__(self, store, metrics_token):
-        self.tokens = TokenStore(store)
-        self.metrics_token = metrics_token
-
-    def check(self, authorization_header):
-        """Returns the principal (None for the metrics token); the caller holds a connection."""
-        token = bearer_token(authorization_header)
-        if token is None:
-            raise UnauthorizedError()
-        if self.metrics_token and hmac.compare_digest(
-            token.encode('utf-8'), self.metrics_token.encode('utf-8')
-        ):
-            return None
-        principal = self.tokens.authenticate(token)
-        if principal is None:
-            raise UnauthorizedError()
-        if not principal.is_admin:
-            raise ForbiddenError()
-        return principal
-
-
-def scrape(runtime):
-    """The exposition text; the caller holds a store connection."""
-    return exposition(runtime.store, runtime.queue, extra=gateway_collectors(runtime))
-
-
-def gateway_collectors(runtime):
-    """The gateway's gauges read at scrape time: every configured entry's cooldown, and the
-    provider batches (open ones, the jobs in them, their cost)."""
-    return [_Collect(lambda: [cooldown_gauge(runtime.ai.gateway)]), _Collect(batch_gauges)]
-
-
-class _Collect:
-    def __init__(self, families):
-        self._families = families
-
-    def collect(self):
-        return self._families()
-
-
-# ---------------------------------------------------------------- the worker's own port
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
@@ -146,11 +99,17 @@ class MetricsServer:
         self.httpd.server_close()
 
 
-def start_metrics_server(runtime):
-    """For ``worker``: count in this process's memory (metrics.use_single_process), and serve
-    the counts on AIJOB_METRICS_PORT when it is set (else None)."""
+@contextlib.contextmanager
+def worker_process(runtime):
+    """Around ``python aijob.py worker``'s loops (the ``worker_process`` hook point): count in
+    this process's memory, and serve the counts on AIJOB_METRICS_PORT when it is set."""
+    use_single_process()
     config = runtime.config
-    metrics.use_single_process()
     if config.metrics_port is None:
-        return None
-    return MetricsServer(runtime, config.metrics_host, config.metrics_port).start()
+        yield None
+        return
+    server = MetricsServer(runtime, config.metrics_host, config.metrics_port).start()
+    try:
+        yield server
+    finally:
+        server.close()

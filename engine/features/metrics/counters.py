@@ -1,24 +1,19 @@
-"""Prometheus metrics: the counters and histograms the engine moves as it works (README
-"Metrics"). The gauges read from the store and the queue at scrape time live beside the scrape
-(engine/dispatch/scrape.py); this module only counts.
+"""The counters and histograms (README "Metrics"): the kernel's signals (engine/core/signals.py)
+counted as Prometheus families. ``Counting`` is the receiver the metrics extension registers at
+``Hooks.signal_receivers``; the gauges read at scrape time are scrape.py's.
 
 Every family is made once per process, on first use, outside prometheus_client's global
 registry, so a scrape chooses what to collect: these families themselves in a single process,
 or the files of every process under ``PROMETHEUS_MULTIPROC_DIR`` when gunicorn runs several
-workers (``use_multiprocess_dir``, called by the server before it forks).
+workers (processes.py, before the server forks).
 
 The hot path pays one dict lookup and one increment per event: a family's children are cached
 by their label values (``labels()`` would validate and lock each time).
 """
 
-import os
-import shutil
-import tempfile
 import threading
 
-from prometheus_client import Counter, Histogram, values
-
-MULTIPROC_ENV = 'PROMETHEUS_MULTIPROC_DIR'
+from prometheus_client import Counter, Histogram
 
 # Seconds: jobs and provider calls run from milliseconds to minutes.
 JOB_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -162,102 +157,49 @@ FAMILIES = (
 )
 
 
-# ---------------------------------------------------------------- what the engine records
-def job_created(job_type, queue):
-    JOBS_CREATED.child(job_type, queue).inc()
+class Counting:
+    """The receiver of the kernel's signals (core.signals.Signals): each counted in its
+    families. Stateless: the families are the process's."""
+
+    def job_created(self, job_type, queue):
+        JOBS_CREATED.child(job_type, queue).inc()
+
+    def job_finished(self, job_type, queue, outcome, run_s=None):
+        JOBS_FINISHED.child(job_type, queue, outcome).inc()
+        if run_s is not None:
+            JOB_DURATION.child(job_type, queue, outcome).observe(run_s)
+
+    def job_started(self, job_type, queue, wait_s):
+        QUEUE_WAIT.child(job_type, queue).observe(max(0.0, wait_s))
+
+    def job_retried(self, job_type, error_code):
+        RETRIES.child(job_type, error_code).inc()
+
+    def job_deferred(self, job_type, reason):
+        DEFERRALS.child(job_type, reason).inc()
+
+    def provider_call(self, provider, model, error_code, seconds, usage=None, cost=None):
+        provider, model = provider or '', model or ''
+        PROVIDER_CALLS.child(provider, model, error_code or 'ok').inc()
+        PROVIDER_LATENCY.child(provider, model).observe(seconds)
+        if usage is not None:
+            if usage.prompt_tokens:
+                PROVIDER_TOKENS.child(provider, model, 'prompt').inc(usage.prompt_tokens)
+            if usage.completion_tokens:
+                PROVIDER_TOKENS.child(provider, model, 'completion').inc(usage.completion_tokens)
+        if cost:
+            PROVIDER_COST.child(provider, model).inc(float(cost))
+
+    def cache_lookup(self, job_type, hit):
+        (CACHE_HITS if hit else CACHE_MISSES).child(job_type).inc()
+
+    def http_request(self, method, route, status, seconds):
+        HTTP_REQUESTS.child(method, route, str(status)).inc()
+        HTTP_LATENCY.child(method, route).observe(seconds)
 
 
-def job_finished(job_type, queue, outcome, run_s=None):
-    """A terminal transition that committed; ``run_s`` when the finishing worker timed it."""
-    JOBS_FINISHED.child(job_type, queue, outcome).inc()
-    if run_s is not None:
-        JOB_DURATION.child(job_type, queue, outcome).observe(run_s)
-
-
-def job_started(job_type, queue, wait_s):
-    QUEUE_WAIT.child(job_type, queue).observe(max(0.0, wait_s))
-
-
-def job_retried(job_type, error_code):
-    RETRIES.child(job_type, error_code).inc()
-
-
-def job_deferred(job_type, reason):
-    DEFERRALS.child(job_type, reason).inc()
-
-
-def provider_call(provider, model, error_code, seconds, usage=None, cost=None):
-    """One provider call: ``error_code`` None when it answered."""
-    provider, model = provider or '', model or ''
-    PROVIDER_CALLS.child(provider, model, error_code or 'ok').inc()
-    PROVIDER_LATENCY.child(provider, model).observe(seconds)
-    if usage is not None:
-        if usage.prompt_tokens:
-            PROVIDER_TOKENS.child(provider, model, 'prompt').inc(usage.prompt_tokens)
-        if usage.completion_tokens:
-            PROVIDER_TOKENS.child(provider, model, 'completion').inc(usage.completion_tokens)
-    if cost:
-        PROVIDER_COST.child(provider, model).inc(float(cost))
-
-
-def cache_lookup(job_type, hit):
-    """One response-cache lookup of a call: answered from the cache (``hit``) or not."""
-    (CACHE_HITS if hit else CACHE_MISSES).child(job_type).inc()
-
-
-def http_request(method, route, status, seconds):
-    HTTP_REQUESTS.child(method, route, str(status)).inc()
-    HTTP_LATENCY.child(method, route).observe(seconds)
-
-
-# ---------------------------------------------------------------- processes
-def multiprocess_dir():
-    """The directory of every process's metric files, or None in single-process mode."""
-    return os.environ.get(MULTIPROC_ENV) or None
-
-
-def use_multiprocess_dir():
-    """Before gunicorn forks: every process of this server writes its counters to files in one
-    directory, which a scrape of any worker sums. An operator's PROMETHEUS_MULTIPROC_DIR is
-    used as it is; otherwise a fresh temporary one. Files left by an earlier run are removed:
-    their counts belong to processes that are gone. Returns (directory, made_here)."""
-    directory = multiprocess_dir()
-    made_here = directory is None
-    if made_here:
-        directory = tempfile.mkdtemp(prefix='aijob-metrics-')
-    else:
-        os.makedirs(directory, exist_ok=True)
-        for name in os.listdir(directory):
-            if name.endswith('.db'):
-                os.remove(os.path.join(directory, name))
-    os.environ[MULTIPROC_ENV] = directory
-    # prometheus_client picks its value class when it is imported; it was imported before this
-    # process knew it would fork, so it picks again now. The families are made on first use,
-    # so every child made from here on writes to the directory.
-    values.ValueClass = values.get_value_class()
+def reset_all():
+    """Every family forgets its children: the values made so far were for another process or
+    another directory (processes.py)."""
     for family in FAMILIES:
         family.reset()
-    return directory, made_here
-
-
-def use_single_process():
-    """``python aijob.py worker``: counts in its own memory and serves only them, even when
-    PROMETHEUS_MULTIPROC_DIR is set for the web processes of the same host (a Procfile's
-    environment is shared): summing web's files there would count web's requests twice."""
-    os.environ.pop(MULTIPROC_ENV, None)
-    values.ValueClass = values.get_value_class()
-    for family in FAMILIES:
-        family.reset()
-
-
-def worker_exited(pid):
-    """gunicorn's child_exit: a dead worker's live gauges go; its counters stay in the sum, so
-    the totals never go back."""
-    if multiprocess_dir() is not None:
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(pid)
-
-
-def remove_multiprocess_dir(directory):
-    shutil.rmtree(directory, ignore_errors=True)

@@ -1,8 +1,8 @@
-"""A Prometheus scrape: the engine's counters (engine/core/metrics.py) plus the gauges that are
-read from the store and the queue when the scrape happens, so every process shows the same
-shared state and none has to keep it up to date. Three small queries and one Redis pipeline per
-queue; nothing here scans a growing table (the outbox and running-job reads use their status
-indexes and only touch unfinished rows)."""
+"""A Prometheus scrape: the counters (counters.py) plus the gauges that are read from the store
+and the queue when the scrape happens, so every process shows the same shared state and none has
+to keep it up to date: the kernel's here, the features' from the ``gauges`` hook point. Three
+small queries and one Redis pipeline per queue; nothing here scans a growing table (the outbox and
+running-job reads use their status indexes and only touch unfinished rows)."""
 
 import datetime
 
@@ -11,11 +11,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ..core import metrics
-from ..core.models import AiJob, LeaderLease, OutboxEvent
-from ..core.outbox import DEAD, FAILED, PENDING, PROCESSING, WAKE_EVENT
-from ..core.registry import QUEUE_NAMES
-from .leader import HOUSEKEEPING
+from ...core.models import AiJob, LeaderLease, OutboxEvent
+from ...core.outbox import DEAD, FAILED, PENDING, PROCESSING, WAKE_EVENT
+from ...core.registry import QUEUE_NAMES
+from ...dispatch.leader import HOUSEKEEPING
+from . import counters
+from .processes import multiprocess_dir
 
 # Outbox rows not yet published (claimed ones included) and not given up.
 UNPUBLISHED = (PENDING, PROCESSING, FAILED)
@@ -134,18 +135,33 @@ class _Families:
     """This process's own families, when no multiprocess directory sums them."""
 
     def collect(self):
-        for family in metrics.FAMILIES:
+        for family in counters.FAMILIES:
             if family.metric is not None:
                 yield from family.metric.collect()
 
 
-def exposition(store, queue, extra=()):
-    """The text of one scrape (the caller holds a store connection); ``extra``: more
-    collectors of state read at scrape time (the gateway's)."""
+class _Gauges:
+    """The features' gauges (the ``gauges`` hook point), read at collect time."""
+
+    def __init__(self, read):
+        self._read = read
+
+    def collect(self):
+        return self._read()
+
+
+def scrape(runtime):
+    """The text of one scrape of ``runtime`` (the caller holds a store connection)."""
+    return exposition(runtime.store, runtime.queue, runtime.hooks.gauges)
+
+
+def exposition(store, queue, gauges=()):
+    """The text of one scrape (the caller holds a store connection); ``gauges``: the
+    features' ``read()`` of state at scrape time."""
     registry = CollectorRegistry(auto_describe=False)
-    for collector in extra:
-        registry.register(collector)
-    if metrics.multiprocess_dir() is not None:
+    for read in gauges:
+        registry.register(_Gauges(read))
+    if multiprocess_dir() is not None:
         MultiProcessCollector(registry)
     else:
         registry.register(_Families())
