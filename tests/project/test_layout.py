@@ -22,8 +22,8 @@ ALLOWED = {
     'features': KERNEL,
     'extensions': KERNEL | {'features'},
     'runtime': KERNEL | {'features', 'extensions'},
-    'server': KERNEL | {'runtime'},
-    'bench': KERNEL | {'runtime', 'features'},
+    'server': KERNEL | {'runtime', 'extensions'},
+    'bench': KERNEL | {'runtime', 'features', 'extensions'},
 }
 
 
