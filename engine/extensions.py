@@ -9,13 +9,15 @@ extensions install in:
 - provider batches, after the budgets (a parked call keeps its reservation) and before the rate
   limits (a batch takes no online slot); they settle a cancelled job's billed line against the
   budgets;
-- rate limits last: a call refused by anything before books no slot.
+- rate limits last: a call refused by anything before books no slot;
+- the operators' dashboard: no call guard; it shows the panels and pages of the features above.
 Removing a feature is removing its line here (and its folder)."""
 
 from .core import config
 from .features.batches.extension import BatchesExtension
 from .features.budgets.extension import BudgetsExtension
 from .features.cache.extension import CacheExtension
+from .features.dashboard.extension import DashboardExtension
 from .features.gateway.extension import GatewayExtension
 from .features.rate_limits.extension import RateLimitsExtension
 
@@ -25,6 +27,7 @@ INSTALLED = (
     BudgetsExtension(),
     BatchesExtension(),
     RateLimitsExtension(),
+    DashboardExtension(),
 )
 
 # Every setting: the kernel's, then each installed feature's (README "Settings" lists them all).

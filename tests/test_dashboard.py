@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from engine.core.models import AiJob, AiUsageLog, DashboardSession
+from engine.core.models import AiJob, AiUsageLog
 from engine.core.states import CANCELLED, QUEUED, RUNNING
+from engine.features.dashboard.models import DashboardSession
 from engine.http.app import create_app
 from engine.http.auth import TokenStore
 from tests.support.api import run_to_failed, run_to_running

@@ -1,6 +1,7 @@
-"""schema.sql (the deployed DDL) and the peewee models describe the same tables (real MariaDB).
+"""schema.sql (the deployed DDL) and the peewee models describe the same tables (real MariaDB),
+and so do each installed feature's schema.sql and models (core.extension.Tables).
 
-schema.sql is applied to one database and the models create their tables in another; the two are
+The DDL is applied to one database and the models create their tables in another; the two are
 then compared through information_schema: columns, types, NULL-ability, unique keys and indexes."""
 
 from urllib.parse import urlsplit
@@ -11,6 +12,8 @@ import pytest
 
 from engine.core.models import MODELS, database
 from engine.core.store import default_schema_path, split_sql
+from engine.extensions import load_config
+from engine.runtime import Runtime
 from tests.support.backends import MYSQL_URL, require_servers
 
 pytestmark = pytest.mark.slow
@@ -62,12 +65,24 @@ def describe(conn, schema):
     return columns, indexes
 
 
-def test_schema_sql_matches_the_models(mysql):
+def feature_tables(tmp_path):
+    """The installed features' Tables (engine/extensions.py), as a runtime's hooks hold them."""
+    config = load_config({}, AIJOB_DATABASE_URL='sqlite:///%s' % (tmp_path / 'aijob.db'))
+    runtime = Runtime(config)
+    runtime.close()
+    return runtime.hooks.tables
+
+
+def test_schema_sql_matches_the_models(mysql, tmp_path):
     conn, (sql_db, models_db) = mysql
+    tables = feature_tables(tmp_path)
+    paths = [default_schema_path()] + [feature.schema_sql for feature in tables]
+    models = MODELS + tuple(model for feature in tables for model in feature.models)
     with conn.cursor() as cursor:
         cursor.execute('USE `%s`' % sql_db)
-        for statement in split_sql(open(default_schema_path()).read()):
-            cursor.execute(statement)
+        for path in paths:
+            for statement in split_sql(open(path).read()):
+                cursor.execute(statement)
     parts = urlsplit(MYSQL_URL)
     model_db = peewee.MySQLDatabase(
         models_db,
@@ -79,13 +94,13 @@ def test_schema_sql_matches_the_models(mysql):
     previous = database.obj
     database.initialize(model_db)
     try:
-        model_db.create_tables(MODELS)
+        model_db.create_tables(models)
     finally:
         model_db.close()
         database.initialize(previous)
     sql_columns, sql_indexes = describe(conn, sql_db)
     model_columns, model_indexes = describe(conn, models_db)
-    assert len({c[0] for c in sql_columns}) == len(MODELS)
+    assert len({c[0] for c in sql_columns}) == len(models)
     assert sql_columns == model_columns
     assert sql_indexes == model_indexes
     assert any(c[2] == 'datetime(6)' for c in sql_columns)

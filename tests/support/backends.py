@@ -151,8 +151,9 @@ def delete_redis_keys(prefix, url=REDIS_URL):
     client.close()
 
 
-def reset_tables(store):
-    """Empty every table (MySQL keeps its schema between tests; SQLite is a new file)."""
+def reset_tables(store, models=MODELS):
+    """Empty every table of ``models`` (a runtime's: the kernel's, its features', its plugins';
+    MySQL keeps its schema between tests, SQLite is a new file)."""
     with store.connection():
-        for model in MODELS:
+        for model in models:
             model.delete().execute()

@@ -2,6 +2,7 @@
 
 from ...core.extension import Extension
 from . import items
+from .dashboard import PAGES
 from .guard import BatchGuard
 from .routes import BatchRoutes
 from .runner import BatchRunner, opted_in
@@ -19,8 +20,9 @@ class BatchesExtension(Extension):
     together = TOGETHER
 
     def install(self, kernel, hooks, features):
-        # The operators' list answers whether or not anything opts in (an empty page then).
+        # The operators' list and pages answer whether or not anything opts in (an empty page then).
         hooks.http_resources.append(BatchRoutes)
+        hooks.dashboard_panels.extend(PAGES)
         table = getattr(kernel.ai.gateway, 'table', None)
         if table is None or not opted_in(kernel.registry, table):
             return None
