@@ -106,6 +106,9 @@ class Dashboard:
     def schemas(self):
         return {}  # pages and forms: HTML, and the common Error
 
+    def security_schemes(self):
+        return {'dashboardSession': {'type': 'apiKey', 'in': 'cookie', 'name': SESSION_COOKIE}}
+
     # -- pages
     def overview_page(self):
         return self._page('overview', 'Overview', pages.overview)
