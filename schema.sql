@@ -203,17 +203,6 @@ CREATE TABLE IF NOT EXISTS `webhook_delivery` (
   KEY `webhook_delivery_job_id` (`job_id`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
--- Dashboard sign-ins: the SHA-256 of the session id only; the id itself is the HttpOnly cookie.
-CREATE TABLE IF NOT EXISTS `dashboard_session` (
-  `session_hash` VARCHAR(64) NOT NULL,
-  `token_hash` VARCHAR(64) NOT NULL,            -- the admin token it was opened with (api_token)
-  `user_id` VARCHAR(64) NOT NULL,
-  `created_at` DATETIME(6) NOT NULL,
-  `expires_at` DATETIME(6) NOT NULL,
-  PRIMARY KEY (`session_hash`),
-  KEY `dashboard_session_expires_at` (`expires_at`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
-
 -- One row per named lease (architecture decision 12): the `housekeeping` lease's holder runs the
 -- reaper, reconciler, outbox polling, webhook fan-out and purge. Taken and renewed by CAS on the
 -- database clock; released on a clean shutdown.

@@ -12,12 +12,14 @@ extensions install in:
 - rate limits last: a call refused by anything before books no slot;
 - then the features that hold no call: the live text and event streams.
 - metrics: no guard; they count the kernel's signals and read the others' gauges at scrape time.
+- the operators' dashboard: no call guard; it shows the panels and pages of the features above.
 Removing a feature is removing its line here (and its folder)."""
 
 from .core import config
 from .features.batches.extension import BatchesExtension
 from .features.budgets.extension import BudgetsExtension
 from .features.cache.extension import CacheExtension
+from .features.dashboard.extension import DashboardExtension
 from .features.gateway.extension import GatewayExtension
 from .features.metrics.extension import MetricsExtension
 from .features.rate_limits.extension import RateLimitsExtension
@@ -31,6 +33,7 @@ INSTALLED = (
     RateLimitsExtension(),
     StreamsExtension(),
     MetricsExtension(),
+    DashboardExtension(),
 )
 
 # Every setting: the kernel's, then each installed feature's (README "Settings" lists them all).

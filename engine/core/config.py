@@ -433,14 +433,6 @@ SETTINGS = (
         '(429 TOO_MANY_WAITERS beyond).',
     ),
     Setting(
-        'AIJOB_DASHBOARD_SESSION_MS',
-        '28800000',
-        positive_int,
-        'How long a dashboard sign-in lasts (from sign-in, by the database clock); then the '
-        'operator signs in again with an admin token.',
-    ),
-    # ---- push: webhooks and event streams (architecture decision 15)
-    Setting(
         'AIJOB_WEBHOOK_ALLOW_HTTP',
         '0',
         flag,

@@ -24,6 +24,29 @@ class Tables(NamedTuple):
     schema_sql: str
 
 
+class DashboardPanel(NamedTuple):
+    """A feature's panel on one of the dashboard's own pages (the dashboard feature prints it
+    where that page's template has its panels' slot: the usage page's, today)."""
+
+    page: str  # the page it shows on: 'usage'
+    template: str  # the path of its bottle SimpleTemplate (a fragment: no rebase)
+    read: Any  # read(runtime, query) -> the template's values, a dict; query: {name: value}
+
+
+class DashboardPage(NamedTuple):
+    """A feature's page of its own on the dashboard, with its place in the OpenAPI document.
+    The dashboard serves it to a signed-in operator only, with its sign-in, errors and headers."""
+
+    path: str  # under /dashboard, in bottle's syntax: '/batches', '/batches/<batch_id>'
+    title: str  # the window's title: 'Batch'
+    tab: str  # the navigation bar's entry it belongs to (linked to the first page of that tab)
+    template: str  # the path of its bottle SimpleTemplate, which rebases on 'base'
+    read: Any  # read(runtime, query, **path values) -> the template's values; may raise a
+    # public error (BatchNotFoundError: the 404 page)
+    summary: str  # its OpenAPI summary
+    errors: tuple = ()  # the statuses it may answer besides 200, 303, 401 and 503 (404, say)
+
+
 class Kernel(NamedTuple):
     """What an extension may build on: the kernel's parts, built before any extension."""
 
@@ -88,6 +111,10 @@ class Hooks:
         # make(runtime) -> a context manager that ``python aijob.py worker`` enters once its
         # runtime is built, before its loops start, and leaves after they stopped.
         self.worker_process = []
+        # DashboardPanel and DashboardPage objects: what a feature shows to operators. The
+        # kernel does nothing with them; the dashboard feature (engine/features/dashboard/),
+        # when installed, serves them in this order, and without it they are never read.
+        self.dashboard_panels = []
 
 
 class Extension:

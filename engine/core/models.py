@@ -298,22 +298,6 @@ class AiJobEvent(BaseModel):
         )
 
 
-class DashboardSession(BaseModel):
-    """A signed-in dashboard session, stored as the SHA-256 of its id only (the id lives in the
-    operator's HttpOnly cookie). It remembers the admin token it was opened with, so revoking
-    that token ends the session too."""
-
-    session_hash = CharField(max_length=64, primary_key=True)
-    token_hash = CharField(max_length=64)
-    user_id = CharField(max_length=64)
-    created_at = Timestamp()
-    expires_at = Timestamp()
-
-    class Meta:
-        table_name = 'dashboard_session'
-        indexes = ((('expires_at',), False),)  # the purge of expired sessions
-
-
 class WebhookEndpoint(BaseModel):
     """Where a user's terminal job events are pushed (architecture decision 15). A row with
     ``job_id`` is the ``webhookUrl`` of that one job. No secret is kept: an endpoint's signing
@@ -413,7 +397,6 @@ MODELS = (
     WebhookDelivery,
     LeaderLease,
     AiUserAdmission,
-    DashboardSession,
 )
 
 

@@ -12,7 +12,6 @@ import re
 import bottle
 
 from .access import Access
-from .dashboard import Dashboard
 from .guard import Guard, bottle_error
 from .openapi import allowed_methods, build_document
 from .resources.admin_jobs import AdminJobs
@@ -39,7 +38,6 @@ class Api:
             Usage(runtime, access),
             Operations(runtime, self.document),
             Webhooks(runtime, access),
-            Dashboard(runtime),
         ) + tuple(make(runtime, access) for make in runtime.hooks.http_resources)
         self.openapi = build_document(self.resources)
 

@@ -274,11 +274,14 @@ def _head_of(get):
 
 def build_document(resources):
     """The document of these resources, in their order: each declares its ``paths()`` and the
-    ``schemas()`` it owns."""
+    ``schemas()`` it owns, and may declare ``security_schemes()`` of its own (the dashboard's
+    session cookie)."""
     paths, schemas = {}, common_schemas()
+    schemes = {'bearerAuth': {'type': 'http', 'scheme': 'bearer'}}
     for resource in resources:
         paths.update(resource.paths())
         schemas.update(resource.schemas())
+        schemes.update(getattr(resource, 'security_schemes', dict)())
     paths = {path: with_head_and_options(operations) for path, operations in paths.items()}
     return {
         'openapi': '3.1.0',
@@ -291,10 +294,7 @@ def build_document(resources):
         'security': [{'bearerAuth': []}],
         'paths': paths,
         'components': {
-            'securitySchemes': {
-                'bearerAuth': {'type': 'http', 'scheme': 'bearer'},
-                'dashboardSession': {'type': 'apiKey', 'in': 'cookie', 'name': 'aijob_session'},
-            },
+            'securitySchemes': schemes,
             'schemas': schemas,
         },
     }

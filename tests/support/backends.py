@@ -152,8 +152,8 @@ def delete_redis_keys(prefix, url=REDIS_URL):
 
 
 def reset_tables(store, models=MODELS):
-    """Empty every table of ``models`` (a runtime's: the kernel's and its features'; MySQL keeps
-    its schema between tests; SQLite is a new file)."""
+    """Empty every table of ``models`` (a runtime's: the kernel's, its features', its plugins';
+    MySQL keeps its schema between tests, SQLite is a new file)."""
     with store.connection():
         for model in models:
             model.delete().execute()

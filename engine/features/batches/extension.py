@@ -2,6 +2,7 @@
 
 from ...core.extension import Extension
 from . import items
+from .dashboard import PAGES
 from .guard import BatchGuard
 from .models import TABLES
 from .routes import BatchRoutes, batch_gauges
@@ -20,9 +21,10 @@ class BatchesExtension(Extension):
     together = TOGETHER
 
     def install(self, kernel, hooks, features):
-        # The tables and the operators' list whether or not anything opts in (an empty page).
+        # The tables, the operators' list and pages, whether or not anything opts in (empty).
         hooks.tables.append(TABLES)
         hooks.http_resources.append(BatchRoutes)
+        hooks.dashboard_panels.extend(PAGES)
         hooks.gauges.append(batch_gauges)  # zeros when nothing opts in
         table = getattr(kernel.ai.gateway, 'table', None)
         if table is None or not opted_in(kernel.registry, table):

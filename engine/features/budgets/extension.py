@@ -3,6 +3,7 @@
 import functools
 
 from ...core.extension import Extension
+from .dashboard import budgets_panel
 from .guard import BudgetGuard
 from .ledger import Budgets
 from .models import TABLES
@@ -25,4 +26,5 @@ class BudgetsExtension(Extension):
         release = functools.partial(budgets.release_leaked, config.reap_after_ms)
         hooks.reaper_steps.append(('reservations_released', release))
         hooks.http_resources.append(BudgetRoutes)
+        hooks.dashboard_panels.append(budgets_panel(budgets))
         return budgets

@@ -4,7 +4,8 @@
 
 - ``routes()``: ``(method, bottle path, callback, uses_db)`` of each of its routes;
 - ``paths()``: its part of the document's ``paths``, every route of it and nothing else;
-- ``schemas()``: the component schemas it owns (the common ones are in openapi.py).
+- ``schemas()``: the component schemas it owns (the common ones are in openapi.py);
+- optionally ``security_schemes()``: the document's security schemes it adds to bearerAuth.
 
 Its checks of what a client sends and the shapes it answers live with it, so that a resource
 moves as a unit."""

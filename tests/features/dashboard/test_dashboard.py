@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from engine.core.models import AiJob, AiUsageLog, DashboardSession
+from engine.core.models import AiJob, AiUsageLog
 from engine.core.states import CANCELLED, QUEUED, RUNNING
+from engine.features.dashboard.models import DashboardSession
 from engine.http.app import create_app
 from engine.http.auth import TokenStore
 from tests.kernel.http.test_api_serve import ROOT

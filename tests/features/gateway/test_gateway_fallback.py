@@ -17,6 +17,7 @@ import redis
 from engine.core.models import AiJob, AiJobEvent, AiUsageLog
 from engine.core.registry import CredentialPolicy
 from engine.core.status_view import find_for_status, job_status
+from engine.features.dashboard import pages as dashboard_pages
 from engine.features.gateway.context_errors import CONTEXT_LENGTH_SIGNS, context_length_sign
 from engine.features.gateway.cooldowns import (
     ANSWERED,
@@ -29,7 +30,6 @@ from engine.features.gateway.cooldowns import (
 from engine.features.gateway.providers_config import Entry, ModelSpec
 from engine.features.gateway.routes import RouteState
 from engine.features.metrics.scrape import scrape
-from engine.http import dashboard_pages
 from engine.http.app import create_app
 from engine.http.auth import TokenStore
 from tests.support.backends import REDIS_URL, RUN_PREFIX, delete_redis_keys, require_servers

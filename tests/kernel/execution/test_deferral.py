@@ -14,8 +14,8 @@ from engine.core.models import AiJob, AiJobEvent, AiUsageLog, OutboxEvent
 from engine.core.outbox import WAKE_EVENT
 from engine.execution.engine import DEFERRED, ExecutionEngine
 from engine.execution.providers import CallGuard
+from engine.features.dashboard.pages import overview
 from engine.features.metrics.scrape import StateCollector
-from engine.http.dashboard_pages import overview
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 

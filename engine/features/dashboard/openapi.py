@@ -2,7 +2,9 @@
 that every route of the app is documented. Errors are the usual JSON unless the caller accepts
 text/html, which gets the same code and status as a page."""
 
-from .openapi import error_responses, json_response, ref
+import re
+
+from ...http.openapi import error_responses, json_response, ref
 
 _HTML = {'text/html': {'schema': {'type': 'string'}}}
 # An error: a page for a browser, the usual JSON error for any other client.
@@ -48,9 +50,11 @@ def _job_id():
     return {'name': 'jobId', 'in': 'path', 'required': True, 'schema': {'type': 'string'}}
 
 
-def dashboard_paths():
+def dashboard_paths(pages=()):
+    """The dashboard's paths, with the pages of features (core.extension.DashboardPage) before
+    its static files."""
     prefix = '/dashboard'
-    return {
+    paths = {
         prefix: _page('Overview: jobs by state and queue, outbox, workers, throughput.'),
         prefix + '/login': {
             'get': {
@@ -97,35 +101,43 @@ def dashboard_paths():
             'Retry every failed job of ``jobType`` that finished since ``since``.', 400, 429
         ),
         prefix + '/usage': _page('Usage totals by user and by job type.'),
-        prefix + '/batches': _page(
-            'Provider batches (state, provider status, counts, age, cost) and the jobs waiting '
-            'for one; ``state`` and ``cursor`` filter and page the list.'
-        ),
-        prefix + '/batches/{batchId}': _page(
-            'One provider batch and its jobs.',
-            404,
-            parameters=[
-                {'name': 'batchId', 'in': 'path', 'required': True, 'schema': {'type': 'string'}}
-            ],
-        ),
-        prefix + '/static/{name}': {
-            'get': {
-                'summary': "The dashboard's stylesheet, script and icon.",
-                'tags': ['dashboard'],
-                'security': [],
-                'parameters': [
-                    {'name': 'name', 'in': 'path', 'required': True, 'schema': {'type': 'string'}}
-                ],
-                'responses': dict(
-                    {
-                        '200': {'description': 'The file.'},
-                        '404': json_response('NOT_FOUND: no such file.', ref('Error')),
-                    },
-                    **error_responses(),
-                ),
-            }
-        },
     }
+    paths.update(_feature_page(prefix, page) for page in pages)
+    paths[prefix + '/static/{name}'] = {
+        'get': {
+            'summary': "The dashboard's stylesheet, script and icon.",
+            'tags': ['dashboard'],
+            'security': [],
+            'parameters': [
+                {'name': 'name', 'in': 'path', 'required': True, 'schema': {'type': 'string'}}
+            ],
+            'responses': dict(
+                {
+                    '200': {'description': 'The file.'},
+                    '404': json_response('NOT_FOUND: no such file.', ref('Error')),
+                },
+                **error_responses(),
+            ),
+        }
+    }
+    return paths
+
+
+def _feature_page(prefix, page):
+    """(document path, its item) of a feature's page; a ``<batch_id>`` of its path is the
+    document's ``{batchId}``, a string."""
+    names = [_camel(name) for name in re.findall(r'<(\w+)>', page.path)]
+    path = re.sub(r'<(\w+)>', lambda match: '{%s}' % _camel(match.group(1)), page.path)
+    parameters = [
+        {'name': name, 'in': 'path', 'required': True, 'schema': {'type': 'string'}}
+        for name in names
+    ]
+    return prefix + path, _page(page.summary, *page.errors, parameters=parameters)
+
+
+def _camel(name):
+    head, *rest = name.split('_')
+    return head + ''.join(part.title() for part in rest)
 
 
 def _with_job_id(item):

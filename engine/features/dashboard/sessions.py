@@ -12,8 +12,9 @@ import hashlib
 import hmac
 import secrets
 
-from ..core.models import ApiToken, DashboardSession
-from .auth import ROLE_ADMIN, Principal, hash_token
+from ...core.models import ApiToken
+from ...http.auth import ROLE_ADMIN, Principal, hash_token
+from .models import DashboardSession
 
 SESSION_ID_BYTES = 32
 _CSRF_CONTEXT = b'aijob-dashboard-csrf'

@@ -4,28 +4,23 @@ No HTTP here and no HTML: the templates escape every value they print."""
 
 import datetime
 import json
-import re
 from dataclasses import dataclass
 
-from ..core.errors import AiJobError, BatchNotFoundError, InvalidRequestError, JobNotFoundError
-from ..core.history import JobHistory
-from ..core.models import AiJob, AiJobSnapshot, AiUsageLog
-from ..core.overview import STATES, Overview
-from ..core.registry import QUEUE_NAMES
-from ..core.states import CANCELLED, FAILED, SUCCEEDED, TERMINAL
-from ..execution.usage import usage_totals
-from ..features.batches import routes as batches
-from ..features.budgets.routes import budget_view
-from . import params as admin_jobs
-from . import views
+from ...core.errors import AiJobError, InvalidRequestError, JobNotFoundError
+from ...core.history import JobHistory
+from ...core.models import AiJob, AiJobSnapshot, AiUsageLog
+from ...core.registry import QUEUE_NAMES
+from ...core.states import CANCELLED, FAILED, SUCCEEDED, TERMINAL
+from ...execution.usage import usage_totals
+from ...http import params as admin_jobs
+from ...http import views
+from .overview import STATES, Overview
 
-_BATCH_ID = re.compile(r'^[0-9A-Za-z_-]{1,64}$')
 CHART_WIDTH, CHART_HEIGHT = 720, 120
 LIVE_REFRESH_MS = 3000  # how often a page's live part is fetched again
 JOB_REFRESH_MS = 1000  # a running job's page: one job's row, so it can be watched closely
 DEFAULT_USAGE_WINDOW = datetime.timedelta(days=7)
 JOB_FILTERS = admin_jobs.PARAMETERS
-BATCH_FILTERS = ('state', 'cursor')
 
 
 # ---------------------------------------------------------------- formatting for templates
@@ -247,54 +242,4 @@ def usage(runtime, params):
         until = runtime.store.clock()
         since = until - DEFAULT_USAGE_WINDOW
     values['since'], values['until'] = since, until
-    # Budgets in money against their current period's spend (engine/features/budgets/ledger.py).
-    values['budgets'] = [budget_view(*listed) for listed in runtime.features['budgets'].listing()]
     return values
-
-
-# ---------------------------------------------------------------- provider batches
-def batch_list(runtime, params):
-    """A page of provider batches under a state filter, and the jobs still waiting for one. A
-    bad filter is reported on the page, not raised."""
-    chosen = {name: params[name] for name in BATCH_FILTERS if params.get(name)}
-    now = runtime.store.clock()
-    values = {'filters': chosen, 'error': None, 'batches': [], 'next_cursor': None}
-    values['states'] = batches.BATCH_STATES
-    try:
-        state, limit, after = batches.parse_list_query(chosen)
-        rows, values['next_cursor'] = batches.list_batches(state, limit, after)
-        values['batches'] = [_batch_row(batch, now) for batch in rows]
-    except InvalidRequestError as exc:
-        values['error'] = exc.public_message
-    values['page_query'] = {k: v for k, v in chosen.items() if k != 'cursor'}
-    values['waiting'] = [
-        {'group': group, 'jobs': count, 'waited': duration(_datetime(oldest), now)}
-        for group, count, oldest in batches.waiting_groups()
-    ]
-    return values
-
-
-def batch_detail(runtime, batch_id):
-    if not _BATCH_ID.match(batch_id):
-        raise BatchNotFoundError()
-    batch = batches.find_batch(batch_id)
-    jobs = batches.batch_jobs(batch.id)
-    return {
-        'batch': _batch_row(batch, runtime.store.clock()),
-        'jobs': [{'item': item, 'status': status} for item, status in jobs],
-        'shown_all': len(jobs) < batches.MAX_ITEMS_SHOWN,
-    }
-
-
-def _batch_row(batch, now):
-    return {
-        'batch': batch,
-        'age': duration(batch.created_at, batch.ended_at or now),
-        'cost': batches.money(batch.cost),
-    }
-
-
-def _datetime(value):
-    if isinstance(value, str):  # an aggregate over SQLite comes back as text
-        return datetime.datetime.fromisoformat(value)
-    return value

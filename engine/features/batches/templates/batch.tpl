@@ -10,7 +10,7 @@
   <dt>output / error file</dt><dd><code>{{b.output_file_id or '—'}}</code> / <code>{{b.error_file_id or '—'}}</code></dd>
   <dt>jobs</dt><dd>{{b.job_count}} ({{b.succeeded_count}} answered, {{b.failed_count}} failed)</dd>
   <dt>cost</dt><dd id="cost">{{batch['cost']}}</dd>
-  <dt>age</dt><dd>{{batch['age']}}</dd>
+  <dt>age</dt><dd>{{duration(b.created_at, b.ended_at or now)}}</dd>
   <dt>created</dt><dd>{{when(b.created_at)}}</dd>
   <dt>submitted</dt><dd>{{when(b.submitted_at) or '—'}}</dd>
   <dt>ended</dt><dd>{{when(b.ended_at) or '—'}}</dd>

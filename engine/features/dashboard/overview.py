@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import peewee
 
-from .models import AiJob, OutboxEvent
-from .outbox import DEAD, PENDING, PROCESSING
-from .states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
+from ...core.models import AiJob, OutboxEvent
+from ...core.outbox import DEAD, PENDING, PROCESSING
+from ...core.states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
 
 ACTIVE = (QUEUED, RUNNING)
 FINISHED = (SUCCEEDED, FAILED, CANCELLED)

@@ -1,11 +1,11 @@
-"""The operators' overview reads (engine/core/overview.py): jobs by state and queue, the outbox's
-backlog, running jobs by worker, jobs finished per minute; and Queue.consumers(), the workers
-alive by their heartbeats. Both backend pairs."""
+"""The operators' overview reads (engine/features/dashboard/overview.py): jobs by state and
+queue, the outbox's backlog, running jobs by worker, jobs finished per minute; and
+Queue.consumers(), the workers alive by their heartbeats. Both backend pairs."""
 
 import time
 
 from engine.core.fences import Fence
-from engine.core.overview import Overview
+from engine.features.dashboard.overview import Overview
 from tests.support.api import run_to_failed, run_to_running
 from tests.support.helpers import create_job
 

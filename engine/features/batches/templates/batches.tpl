@@ -21,7 +21,7 @@
   <thead><tr><th>provider/model</th><th>jobs</th><th>oldest waited</th></tr></thead>
   <tbody>
 % for group in waiting:
-  <tr><td>{{group['group']}}</td><td>{{group['jobs']}}</td><td>{{group['waited']}}</td></tr>
+  <tr><td>{{group['group']}}</td><td>{{group['jobs']}}</td><td>{{duration(group['oldest'], now)}}</td></tr>
 % end
 % if not waiting:
   <tr><td colspan="3" class="muted">No job is waiting for a batch.</td></tr>
@@ -47,7 +47,7 @@
     <td>{{batch.job_count}}</td>
     <td>{{batch.succeeded_count}}</td>
     <td>{{batch.failed_count}}</td>
-    <td>{{row['age']}}</td>
+    <td>{{duration(batch.created_at, batch.ended_at or now)}}</td>
     <td>{{row['cost']}}</td>
     <td>{{when(batch.created_at)}}</td>
   </tr>

@@ -2,8 +2,8 @@
 which escapes every ``{{value}}``) plus one small script, all served by the API's own app.
 
 Sign-in exchanges an admin token for a session cookie (HttpOnly, SameSite=Strict; the store keeps
-only its hash, engine/http/sessions.py). A user token is refused with 403. Every action is a POST
-carrying the session's CSRF token, and one whose Origin is another site is refused as well.
+only its hash, sessions.py). A user token is refused with 403. Every action is a POST carrying the
+session's CSRF token, and one whose Origin is another site is refused as well.
 Pages send a Content-Security-Policy that allows only this app's own script and style, so even a
 value that escaped escaping could not run.
 
@@ -18,7 +18,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import bottle
 
-from ..core.errors import (
+from ...core.errors import (
     AiJobError,
     CsrfError,
     InvalidRequestError,
@@ -26,12 +26,13 @@ from ..core.errors import (
     NoSuchEndpointError,
     UnauthorizedError,
 )
-from ..core.logs import log_event
-from ..core.registry import QUEUE_NAMES
-from ..core.states import RUNNING
-from . import dashboard_pages as pages
-from .auth import TokenStore
-from .openapi_dashboard import dashboard_paths
+from ...core.extension import DashboardPage, DashboardPanel
+from ...core.logs import log_event
+from ...core.registry import QUEUE_NAMES
+from ...core.states import RUNNING
+from ...http.auth import TokenStore
+from . import pages
+from .openapi import dashboard_paths
 from .sessions import SessionStore, csrf_ok, csrf_token
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,10 +67,20 @@ class _SignIn(Exception):
 
 
 class Dashboard:
-    def __init__(self, runtime):
+    """The dashboard's routes (an API resource: engine/http/resources/__init__.py), with the
+    panels and pages the installed features registered (``hooks.dashboard_panels``)."""
+
+    def __init__(self, runtime, access=None):
         self.runtime = runtime
         self.tokens = TokenStore(runtime.store)
         self.sessions = SessionStore(runtime.store, runtime.config.dashboard_session_ms)
+        shown = runtime.hooks.dashboard_panels
+        self.panels = [item for item in shown if isinstance(item, DashboardPanel)]
+        self.pages = [item for item in shown if isinstance(item, DashboardPage)]
+        # The navigation bar's entries after the dashboard's own: each tab links to its first page.
+        self.tabs = {}
+        for page in self.pages:
+            self.tabs.setdefault(page.tab, PREFIX + page.path)
         self._templates = {}
 
     def routes(self):
@@ -85,16 +96,18 @@ class Dashboard:
             ('POST', PREFIX + '/jobs/<job_id>/retry', self.retry, True),
             ('POST', PREFIX + '/retry-failed', self.retry_failed, True),
             ('GET', PREFIX + '/usage', self.usage_page, True),
-            ('GET', PREFIX + '/batches', self.batches_page, True),
-            ('GET', PREFIX + '/batches/<batch_id>', self.batch_page, True),
+            *(('GET', PREFIX + page.path, self._feature_page(page), True) for page in self.pages),
             ('GET', PREFIX + '/static/<name>', self.static, False),
         )
 
     def paths(self):
-        return dashboard_paths()
+        return dashboard_paths(self.pages)
 
     def schemas(self):
         return {}  # pages and forms: HTML, and the common Error
+
+    def security_schemes(self):
+        return {'dashboardSession': {'type': 'apiKey', 'in': 'cookie', 'name': SESSION_COOKIE}}
 
     # -- pages
     def overview_page(self):
@@ -119,40 +132,51 @@ class Dashboard:
 
         return self._page('usage', 'Usage', values, live=False)
 
-    def batches_page(self):
-        def values(runtime):
-            return pages.batch_list(runtime, _query())
+    def _feature_page(self, page):
+        """The route of a feature's page (core.extension.DashboardPage)."""
 
-        return self._page('batches', 'Batches', values, live=False)
+        def show(**path_values):
+            def values(runtime):
+                return page.read(runtime, _query(), **path_values)
 
-    def batch_page(self, batch_id):
-        def values(runtime):
-            return pages.batch_detail(runtime, batch_id)
+            return self._page(page.path, page.title, values, False, page.template, page.tab)
 
-        return self._page('batch', 'Batch', values, live=False)
+        return show
 
-    def _page(self, name, title, read, live=True):
+    def _page(self, name, title, read, live=True, template=None, tab=None):
         """A page, or only its live part (``?part=live``, what the script refreshes; pages with
-        one have a ``NAME_live`` template)."""
+        one have a ``NAME_live`` template). ``template``: a feature's page's own; the
+        dashboard's pages are ``templates/NAME.tpl``."""
+        template = template or _template(name)
         try:
             session_id, principal = self._signed_in()
             values = read(self.runtime)
+            if not isinstance(values, bottle.HTTPResponse):
+                values['panels'] = self._panels(name)
         except _SignIn:
             return self._to_sign_in()
         except AiJobError as exc:
             return self._error(exc)
         if isinstance(values, bottle.HTTPResponse):
             return values
-        values.update(self._common(title, session_id, principal))
+        values.update(self._common(title, session_id, principal, tab))
         if live and _query().get('part') == 'live':
-            body = self._render(name + '_live', values)
+            body = self._render(_template(name + '_live'), values)
             headers = {'X-Dashboard-Part': 'live'}
             if values.get('terminal'):
                 headers['X-Dashboard-Final'] = '1'  # nothing will change: stop refreshing
             return _html(body, headers=headers)
-        return _html(self._render(name, values))
+        return _html(self._render(template, values))
 
-    def _common(self, title, session_id, principal):
+    def _panels(self, name):
+        """The features' panels on page ``name``, rendered, for its template's panels' slot."""
+        return [
+            self._render(panel.template, panel.read(self.runtime, _query()))
+            for panel in self.panels
+            if panel.page == name
+        ]
+
+    def _common(self, title, session_id, principal, tab=None):
         notice = NOTICES.get(_query().get('notice') or '')
         if _query().get('notice') == 'bulk':
             notice = _bulk_notice(_query())
@@ -164,6 +188,8 @@ class Dashboard:
             'refresh_ms': pages.LIVE_REFRESH_MS,
             'job_refresh_ms': pages.JOB_REFRESH_MS,
             'queue_names': QUEUE_NAMES,
+            'tab': tab,
+            'tabs': self.tabs,
         }
 
     # -- sign-in
@@ -183,7 +209,7 @@ class Dashboard:
             'message': message,
             'notice': NOTICES.get(_query().get('notice') or ''),
         }
-        response = _html(self._render('login', values), status)
+        response = _html(self._render(_template('login'), values), status)
         response.set_cookie(LOGIN_COOKIE, nonce, **self._cookie_options(max_age=3600))
         return response
 
@@ -330,24 +356,31 @@ class Dashboard:
             headers = {'Content-Type': 'application/json', 'Cache-Control': 'no-store'}
             return bottle.HTTPResponse(body=body, status=status, headers=headers)
         values = {'title': 'Error', 'code': code, 'message': message, 'status': status}
-        return _html(self._render('error', values), status)
+        return _html(self._render(_template('error'), values), status)
 
-    def _render(self, name, values):
-        template = self._templates.get(name)
+    def _render(self, path, values):
+        """The template at ``path`` rendered with ``values`` and the helpers; a feature's
+        template finds the dashboard's (``rebase('base')``) after its own folder's."""
+        template = self._templates.get(path)
         if template is None:
-            template = bottle.SimpleTemplate(name=name, lookup=[TEMPLATES])
-            self._templates[name] = template
+            folder, file_name = os.path.split(path)
+            name = os.path.splitext(file_name)[0]
+            template = bottle.SimpleTemplate(name=name, lookup=[folder, TEMPLATES])
+            self._templates[path] = template
         helpers = {
             'when': pages.when,
             'duration': pages.duration,
             'input_value': pages.input_value,
             'pretty': pages.pretty,
             'job_url': _job_url,
-            'batch_url': _batch_url,
             'urlencode': urlencode,
             'prefix': PREFIX,
         }
         return template.render(dict(helpers, **values))
+
+
+def _template(name):
+    return os.path.join(TEMPLATES, name + '.tpl')
 
 
 def _query():
@@ -371,10 +404,6 @@ def _redirect(location):
 def _job_url(job_id, **query):
     url = '%s/jobs/%s' % (PREFIX, quote(job_id, safe=''))
     return url + ('?' + urlencode(query) if query else '')
-
-
-def _batch_url(batch_id):
-    return '%s/batches/%s' % (PREFIX, quote(batch_id, safe=''))
 
 
 def _known_job(job_id):

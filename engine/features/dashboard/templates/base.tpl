@@ -16,7 +16,9 @@
     <a href="{{prefix}}" class="{{'on' if title == 'Overview' else ''}}">Overview</a>
     <a href="{{prefix}}/jobs" class="{{'on' if title in ('Jobs', 'Job') else ''}}">Jobs</a>
     <a href="{{prefix}}/usage" class="{{'on' if title == 'Usage' else ''}}">Usage</a>
-    <a href="{{prefix}}/batches" class="{{'on' if title in ('Batches', 'Batch') else ''}}">Batches</a>
+% for label, href in tabs.items():
+    <a href="{{href}}" class="{{'on' if tab == label else ''}}">{{label}}</a>
+% end
   </nav>
   <form method="post" action="{{prefix}}/logout" class="signout">
     <span class="who">{{user_id}}</span>
