@@ -9,7 +9,8 @@ extensions install in:
 - provider batches, after the budgets (a parked call keeps its reservation) and before the rate
   limits (a batch takes no online slot); they settle a cancelled job's billed line against the
   budgets;
-- rate limits last: a call refused by anything before books no slot.
+- rate limits last: a call refused by anything before books no slot;
+- then the features with no call guard (webhooks), in any order.
 Removing a feature is removing its line here (and its folder)."""
 
 from .core import config
@@ -18,6 +19,7 @@ from .features.budgets.extension import BudgetsExtension
 from .features.cache.extension import CacheExtension
 from .features.gateway.extension import GatewayExtension
 from .features.rate_limits.extension import RateLimitsExtension
+from .features.webhooks.extension import WebhooksExtension
 
 INSTALLED = (
     CacheExtension(),
@@ -25,6 +27,7 @@ INSTALLED = (
     BudgetsExtension(),
     BatchesExtension(),
     RateLimitsExtension(),
+    WebhooksExtension(),
 )
 
 # Every setting: the kernel's, then each installed feature's (README "Settings" lists them all).

@@ -1,6 +1,7 @@
-"""schema.sql (the deployed DDL) and the peewee models describe the same tables (real MariaDB).
+"""schema.sql (the deployed DDL) and the peewee models describe the same tables (real MariaDB), the
+kernel's and each installed feature's (its own schema.sql and models.py).
 
-schema.sql is applied to one database and the models create their tables in another; the two are
+The DDL is applied to one database and the models create their tables in another; the two are
 then compared through information_schema: columns, types, NULL-ability, unique keys and indexes."""
 
 from urllib.parse import urlsplit
@@ -11,6 +12,8 @@ import pytest
 
 from engine.core.models import MODELS, database
 from engine.core.store import default_schema_path, split_sql
+from engine.extensions import load_config
+from engine.runtime import Runtime
 from tests.support.backends import MYSQL_URL, require_servers
 
 pytestmark = pytest.mark.slow
@@ -62,12 +65,22 @@ def describe(conn, schema):
     return columns, indexes
 
 
-def test_schema_sql_matches_the_models(mysql):
+def feature_tables(tmp_path):
+    """The installed features' Tables, as they register them in a runtime (a throwaway one)."""
+    runtime = Runtime(load_config({'AIJOB_DATABASE_URL': 'sqlite:///%s' % (tmp_path / 'a.db')}))
+    runtime.close()
+    return runtime.hooks.tables
+
+
+def test_schema_sql_matches_the_models(mysql, tmp_path):
     conn, (sql_db, models_db) = mysql
+    features = feature_tables(tmp_path)
+    models = MODELS + tuple(model for tables in features for model in tables.models)
     with conn.cursor() as cursor:
         cursor.execute('USE `%s`' % sql_db)
-        for statement in split_sql(open(default_schema_path()).read()):
-            cursor.execute(statement)
+        for path in [default_schema_path()] + [tables.schema_sql for tables in features]:
+            for statement in split_sql(open(path).read()):
+                cursor.execute(statement)
     parts = urlsplit(MYSQL_URL)
     model_db = peewee.MySQLDatabase(
         models_db,
@@ -79,13 +92,14 @@ def test_schema_sql_matches_the_models(mysql):
     previous = database.obj
     database.initialize(model_db)
     try:
-        model_db.create_tables(MODELS)
+        model_db.create_tables(models)
     finally:
         model_db.close()
         database.initialize(previous)
     sql_columns, sql_indexes = describe(conn, sql_db)
     model_columns, model_indexes = describe(conn, models_db)
-    assert len({c[0] for c in sql_columns}) == len(MODELS)
+    assert len({c[0] for c in sql_columns}) == len(models)
+    assert 'webhook_delivery' in {c[0] for c in sql_columns}  # a feature's own table
     assert sql_columns == model_columns
     assert sql_indexes == model_indexes
     assert any(c[2] == 'datetime(6)' for c in sql_columns)

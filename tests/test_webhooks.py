@@ -18,8 +18,9 @@ import urllib.request
 
 import pytest
 
-from engine.core import webhook_urls
-from engine.core.models import AiJob, WebhookDelivery
+from engine.core.models import AiJob
+from engine.features.webhooks import urls as webhook_urls
+from engine.features.webhooks.models import WebhookDelivery
 from tests.support.api import JOBS, Harness, job_body
 from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
 from tests.support.helpers import wait_until

@@ -21,7 +21,6 @@ from .resources.job_stream import JobStreams
 from .resources.jobs import Jobs
 from .resources.operations import Operations
 from .resources.usage import Usage
-from .resources.webhooks import Webhooks
 
 
 class Api:
@@ -41,7 +40,6 @@ class Api:
             Credentials(runtime, access),
             Usage(runtime, access),
             Operations(runtime, self.document),
-            Webhooks(runtime, access),
             job_streams,
             Dashboard(runtime),
         ) + tuple(make(runtime, access) for make in runtime.hooks.http_resources)
