@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.core.models import MODELS, AiJob  # noqa: E402
+from engine.core.models import AiJob  # noqa: E402
 from engine.core.registry import CachePolicy, JobDefinitionRegistry  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
 from engine.core.states import TERMINAL  # noqa: E402
@@ -58,7 +58,7 @@ def run(kind, jobs, database_url):
     runtime = Runtime(config, role='bench', registry=registry(kind))
     runtime.create_schema()
     with runtime.store.connection():
-        for model in MODELS:  # every round starts from empty tables (and an empty cache)
+        for model in runtime.models:  # every round starts from empty tables (and an empty cache)
             model.delete().execute()
         runtime.start_background()
         try:

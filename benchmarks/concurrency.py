@@ -39,7 +39,7 @@ sys.path.insert(0, ROOT)
 import pymysql  # noqa: E402
 import redis  # noqa: E402
 
-from engine.core.models import MODELS, AiJob  # noqa: E402
+from engine.core.models import AiJob  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
 from engine.core.states import TERMINAL  # noqa: E402
 from engine.extensions import load_config  # noqa: E402
@@ -151,7 +151,7 @@ class Bench:
         self.runtime = Runtime(load_config(dict(os.environ, **self.base_env)), role='conc')
         self.runtime.create_schema()
         with self.runtime.store.connection():
-            for model in MODELS:
+            for model in self.runtime.models:
                 model.delete().execute()
         self.workers = []
 

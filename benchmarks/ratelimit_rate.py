@@ -97,7 +97,7 @@ def one_round(args, folder):
     workers = []
     try:
         runtime.create_schema()
-        reset_tables(runtime.store)
+        reset_tables(runtime)
         workers = [Worker(folder, env) for _ in range(args.workers)]
         with runtime.store.connection():
             create_jobs(runtime, args.jobs)

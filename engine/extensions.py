@@ -10,9 +10,9 @@ extensions install in:
   limits (a batch takes no online slot); they settle a cancelled job's billed line against the
   budgets;
 - rate limits last: a call refused by anything before books no slot;
-- then the features that hold no call: the live text and event streams.
-- metrics: no guard; they count the kernel's signals and read the others' gauges at scrape time.
-- the operators' dashboard: no call guard; it shows the panels and pages of the features above.
+- then the features with no call guard, in any order: webhooks, the live text and event
+  streams, metrics (they count the kernel's signals and read the others' gauges at scrape time);
+- the operators' dashboard last: it shows the panels and pages of the features above.
 Removing a feature is removing its line here (and its folder)."""
 
 from .core import config
@@ -24,6 +24,7 @@ from .features.gateway.extension import GatewayExtension
 from .features.metrics.extension import MetricsExtension
 from .features.rate_limits.extension import RateLimitsExtension
 from .features.streams.extension import StreamsExtension
+from .features.webhooks.extension import WebhooksExtension
 
 INSTALLED = (
     CacheExtension(),
@@ -31,6 +32,7 @@ INSTALLED = (
     BudgetsExtension(),
     BatchesExtension(),
     RateLimitsExtension(),
+    WebhooksExtension(),
     StreamsExtension(),
     MetricsExtension(),
     DashboardExtension(),

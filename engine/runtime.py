@@ -22,17 +22,14 @@ from .core.registry import JobDefinitionRegistry
 from .core.service import AiJobService, PushNow
 from .core.signals import Signals
 from .core.store import Store
-from .core.webhook_urls import UrlPolicy
-from .core.webhooks import WebhookRepository
 from .dispatch.dispatcher import OutboxDispatcher
 from .dispatch.housekeeping import Purger, Reaper, Reconciler, Retention
 from .dispatch.memory_queue import MemoryQueue
 from .dispatch.redis_queue import RedisQueue
-from .dispatch.webhooks import WebhookFanout, WebhookSender
+from .dispatch.terminal import TerminalEvents
 from .dispatch.workers import Worker
 from .execution.plugins import PluginApp, load_plugin
 from .execution.services import build_ai_services
-from .execution.webhook_signing import WebhookSigner
 from .extensions import INSTALLED
 
 # The job types every process has; they register through the same entry point as users' own.
@@ -89,11 +86,6 @@ class Runtime:
             self.store, lock_ttl_ms=config.lock_ttl_ms, outbox=self.outbox
         )
         self.queue = open_queue(config)
-        # Push (architecture decision 15): endpoints and deliveries, their URL rule and
-        # signatures; the loops run where the workers do.
-        self.webhooks = WebhookRepository(self.store)
-        self.webhook_policy = UrlPolicy(config.webhook_allow_http, config.webhook_allow_private)
-        self.webhook_signer = WebhookSigner(config.credential_master_key)
         # Whether this process pushes the jobs it creates at once (architecture decision 6):
         # any process that reaches the shared queue; with the in-memory queue only a process
         # running workers (attach_worker turns it on).
@@ -110,8 +102,7 @@ class Runtime:
             cancel_signal=self._signal_cancel,
             create_checks=self.hooks.create_checks,
             signals=self.signals,
-            webhooks=self.webhooks,
-            webhook_policy=self.webhook_policy,
+            create_fields=self.hooks.create_fields,
             snapshot_ttl_ms=config.snapshot_ttl_ms,
         )
         # The features, in the order of engine/extensions.py; each handle by its name (None:
@@ -123,6 +114,7 @@ class Runtime:
             ai=self.ai,
             registry=self.registry,
             outbox=self.outbox,
+            instance_id=self.instance_id,
             redis=_LazyRedis(self.queue) if config.uses_redis else None,
             signals=self.signals,
         )
@@ -150,20 +142,12 @@ class Runtime:
             self.service,
             self.outbox,
             JobHistory(self.store),
-            self.webhooks,
             Retention.from_config(config),
             more=self.hooks.purge_steps,
         )
-        self.webhook_fanout = WebhookFanout(
-            self.outbox, self.webhooks, self.store, self.instance_id
-        )
-        self.webhook_sender = WebhookSender(
-            self.webhooks,
-            self.webhook_signer,
-            self.webhook_policy,
-            self.instance_id,
-            self.store.connection,
-            config,
+        # The terminal events, to the extensions' handlers (the webhooks' fan-out) on the leader.
+        self.terminal_events = TerminalEvents(
+            self.outbox, self.store, self.instance_id, self.hooks.terminal_events
         )
         self.worker = None
 
@@ -254,7 +238,7 @@ def run_worker_process(config):
     configure_logging()
     runtime = Runtime(config, role='worker')
     runtime.store.ping()
-    master_key.require(config, runtime.store)
+    master_key.require(config, runtime.store, runtime.hooks.keyed_tables)
     try:
         runtime.queue.ping()
     except QueueUnavailableError as exc:

@@ -285,7 +285,7 @@ def run_web(config, host, port, workers):
     configure_logging()
     runtime = Runtime(config, role='web-setup')
     try:
-        master_key.require(config, runtime.store)
+        master_key.require(config, runtime.store, runtime.hooks.keyed_tables)
     finally:
         runtime.close()  # nothing opened here may be inherited by the forked workers
     run_gunicorn(config, gunicorn_options(config, host, port, workers), runtime.hooks)
@@ -311,7 +311,8 @@ def run_serve(config, host, port):
     runtime = Runtime(config, role='serve-setup')
     try:
         runtime.create_schema()
-        master_key.require(config, runtime.store)  # a server database: the key is the operator's
+        # A server database: the key is the operator's.
+        master_key.require(config, runtime.store, runtime.hooks.keyed_tables)
         with runtime.store.connection():
             token = TokenStore(runtime.store).create('dev-admin', admin=True)
     finally:

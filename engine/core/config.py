@@ -338,12 +338,6 @@ SETTINGS = (
         'this, are deleted by the purger.',
     ),
     Setting(
-        'AIJOB_WEBHOOK_RETENTION_MS',
-        str(7 * 24 * 3600 * 1000),
-        positive_int,
-        'Delivered and dead webhook deliveries older than this are deleted by the purger.',
-    ),
-    Setting(
         'AIJOB_PURGE_INTERVAL_MS',
         '3600000',
         positive_int,
@@ -431,44 +425,6 @@ SETTINGS = (
         positive_int,
         'Most ?waitMs= requests of one user that one web process holds at once '
         '(429 TOO_MANY_WAITERS beyond).',
-    ),
-    Setting(
-        'AIJOB_WEBHOOK_ALLOW_HTTP',
-        '0',
-        flag,
-        '1: webhook URLs may use plain http (local development); 0: https only.',
-    ),
-    Setting(
-        'AIJOB_WEBHOOK_ALLOW_PRIVATE',
-        '0',
-        flag,
-        '1: webhook URLs may resolve to loopback, link-local or private addresses (local '
-        'development); 0: refused at registration and at delivery.',
-    ),
-    Setting(
-        'AIJOB_WEBHOOK_TIMEOUT_MS',
-        '10000',
-        positive_int,
-        'A webhook receiver that has not answered within this long fails the attempt.',
-    ),
-    Setting(
-        'AIJOB_WEBHOOK_MAX_ATTEMPTS',
-        '8',
-        positive_int,
-        'Attempts per webhook delivery before it is dead.',
-    ),
-    Setting(
-        'AIJOB_WEBHOOK_RETRY_BASE_MS',
-        '5000',
-        positive_int,
-        'Delay before the first webhook retry; each next one is 5 times longer (with jitter), '
-        'so the default 8 attempts span about a day.',
-    ),
-    Setting(
-        'AIJOB_WEBHOOK_CONCURRENCY',
-        '8',
-        positive_int,
-        "Webhook deliveries one worker process sends at once (their own threads, never the jobs').",
     ),
     # ---- credentials and safety (the providers are the gateway feature's)
     Setting(

@@ -47,6 +47,21 @@ class DashboardPage(NamedTuple):
     errors: tuple = ()  # the statuses it may answer besides 200, 303, 401 and 503 (404, say)
 
 
+class CreateField(NamedTuple):
+    """A feature's own optional field of the create body (a job's ``webhookUrl``, say). The
+    kernel accepts it only while the feature is installed; when a client gives it (not null):
+    ``check(user_id, value)`` runs with the request's checks, before anything is written, and
+    raises a public error to refuse the create; ``write(user_id, job_id, value)`` runs inside
+    the creating transaction; and the value is part of the idempotency fingerprint (a request
+    without it keeps the fingerprint it had). ``schema``: its property in the OpenAPI schema of
+    the create body."""
+
+    name: str
+    check: Any
+    write: Any
+    schema: dict
+
+
 class Kernel(NamedTuple):
     """What an extension may build on: the kernel's parts, built before any extension."""
 
@@ -55,6 +70,7 @@ class Kernel(NamedTuple):
     ai: Any  # execution.services.AiServices: gateway, pricing, prompts, credentials
     registry: Any  # the job definitions, plugins loaded
     outbox: Any
+    instance_id: str  # this process's name, unique across hosts and restarts (claims carry it)
     redis: Any  # the queue's Redis client (built at first use), or None on the embedded default
     signals: Any  # core.signals.Signals: what the kernel says as it works (a guard may too)
 
@@ -86,6 +102,22 @@ class Hooks:
         self.prices = {}
         # Tables: each feature's own tables, created with the kernel's by create_schema.
         self.tables = []
+        # CreateField: the create body's extra fields, accepted, checked, written with the job
+        # and fingerprinted by the service; after the kernel's fields, in this order.
+        self.create_fields = []
+        # handle(events): the claimed terminal outbox events (ai.job.succeeded, failed,
+        # cancelled) handed over in the transaction that marks them published (the webhooks'
+        # fan-out); with no handler they are marked published all the same.
+        self.terminal_events = []
+        # (name, run, wake): a loop on a thread of its own in every worker process (webhook
+        # sends, say); run(stop, connection, lead) returns once the threading.Event ``stop`` is
+        # set, lead() says whether this process holds the leader lease; wake() is called at
+        # stop so that a loop waiting for work sees ``stop`` at once.
+        self.worker_loops = []
+        # (what, model): tables whose rows only the credential master key can serve (webhook
+        # endpoints: their secrets derive from it); web and worker refuse to start without
+        # the key while one of them has a row, naming ``what``.
+        self.keyed_tables = []
         # make(runtime, access) -> an API resource (engine/http/resources/__init__.py): the
         # feature's routes and OpenAPI fragment, after the kernel's resources, in this order.
         self.http_resources = []

@@ -15,7 +15,7 @@ import peewee
 
 from .config import GENERATE_MASTER_KEY, master_key_or_empty
 from .errors import ConfigError
-from .models import UserModelCredential, WebhookEndpoint
+from .models import UserModelCredential
 
 SUFFIX = '.master-key'
 
@@ -73,25 +73,25 @@ def missing_key_error(needs):
     )
 
 
-def require(config, store):
+def require(config, store, keyed_tables=()):
     """``web`` and ``worker`` (production) refuse to start without a master key when the store
-    holds what only the key can serve: webhook endpoints (deliveries are signed with secrets
-    derived from it) or users' provider keys (encrypted under it). Started anyway, such a process
-    would answer 503 or fail those jobs and deliveries one by one, long after the mistake. A
+    holds what only the key can serve: users' provider keys (encrypted under it), or the rows of
+    ``keyed_tables`` ((what, model) pairs, the hook point of engine/core/extension.py: webhook
+    endpoints, whose deliveries are signed with secrets derived from it). Started anyway, such a
+    process would answer 503 or fail those jobs and deliveries one by one, long after the mistake. A
     store that cannot be read yet (down, or no schema before ``initdb``) is not judged here: its
     requests answer 503 until it can be."""
     if config.credential_master_key is not None:
         return
     try:
         with store.connection():
-            needs = [name for name, model in _NEEDS_KEY if model.select().exists()]
+            needs = [
+                name for name, model in _NEEDS_KEY + tuple(keyed_tables) if model.select().exists()
+            ]
     except (peewee.DatabaseError, peewee.InterfaceError):
         return
     if needs:
         raise missing_key_error(needs)
 
 
-_NEEDS_KEY = (
-    ('webhook endpoints', WebhookEndpoint),
-    ("users' provider keys", UserModelCredential),
-)
+_NEEDS_KEY = (("users' provider keys", UserModelCredential),)

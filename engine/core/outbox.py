@@ -55,8 +55,9 @@ SELECT_CLAIMED = Statement(
 
 class ClaimStatements:
     """The claim of the events of some types (or, ``exclude``, of all other types): the terminal
-    events go to the webhook fan-out (architecture decision 15), every other to the dispatcher
-    (which marks an unknown type published, contracts §4.4); each loop claims only its own."""
+    events go to the features' handlers (dispatch/terminal.py: the webhooks' fan-out, decision
+    15), every other to the dispatcher (which marks an unknown type published, contracts §4.4);
+    each loop claims only its own."""
 
     def __init__(self, event_types, exclude=False):
         names = ', '.join("'%s'" % name for name in event_types)

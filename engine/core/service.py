@@ -26,7 +26,6 @@ from .signals import SILENT
 from .sql import insert_row
 from .states import CANCELLED, FAILED, TERMINAL
 from .store import IntegrityError
-from .webhook_urls import UrlPolicy, check_url
 
 OVERRIDE_FIELDS = (
     'priority',
@@ -65,7 +64,9 @@ class CreateJobInput:
     idempotency_key: Optional[str] = None
     overrides: dict = field(default_factory=dict)
     retry_of_job_id: Optional[str] = None
-    webhook_url: Optional[str] = None  # pushed to when the job is terminal (decision 15)
+    # The extensions' own fields of the create body that were given (not null), by name (a
+    # job's webhookUrl, say): the hook point create_fields of engine/core/extension.py.
+    extra: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -111,8 +112,7 @@ class AiJobService:
         cancel_signal=None,
         create_checks=(),
         signals=SILENT,
-        webhooks=None,
-        webhook_policy=None,
+        create_fields=(),
         snapshot_ttl_ms=DEFAULT_SNAPSHOT_TTL_MS,
     ):
         self.store = store
@@ -148,19 +148,25 @@ class AiJobService:
         self.create_checks = create_checks
         # What it says as jobs are created and cancelled (core/signals.py).
         self.signals = signals
-        # A job's own webhookUrl: checked by the webhook URL rule, kept as an endpoint of that
-        # job (architecture decision 15).
-        self.webhooks = webhooks
-        self.webhook_policy = webhook_policy or UrlPolicy()
+        # The extensions' fields of the create body (core.extension.CreateField): checked with
+        # the request, written in its transaction, part of its fingerprint.
+        self.create_fields = create_fields
 
     def check_request(self, request):
         """Validate a creation request as create_job would, writing nothing; returns its
         definition and normalised overrides."""
         definition = self.registry.get(request.job_type)
         overrides = validate_request(definition, request)
-        if request.webhook_url is not None:
-            check_url(request.webhook_url, self.webhook_policy, field='webhookUrl')
+        unknown = sorted(set(request.extra) - {f.name for f in self.create_fields})
+        if unknown:
+            raise InvalidRequestError('%s is not a field of a job' % unknown[0], field=unknown[0])
+        for extra in self._given(request):
+            extra.check(request.user_id, request.extra[extra.name])
         return definition, overrides
+
+    def _given(self, request):
+        """The create fields ``request`` gives a value, in their order."""
+        return [f for f in self.create_fields if request.extra.get(f.name) is not None]
 
     def create_job(self, request):
         definition, overrides = self.check_request(request)
@@ -252,8 +258,8 @@ class AiJobService:
                 AiJob.select(AiJob.attempt_no).where(AiJob.id == job.retry_of_job_id).scalar()
             )
         insert_events(self.store, creation_events(job, claimed_by, retried_attempt))
-        if request.webhook_url is not None:
-            self.webhooks.create_endpoint(request.user_id, request.webhook_url, job_id=job_id)
+        for extra in self._given(request):
+            extra.write(request.user_id, job_id, request.extra[extra.name])
         return job, event
 
     def _find_by_key(self, request):
@@ -405,7 +411,8 @@ def enqueue_dedupe_key(request, job_id):
 
 def request_fingerprint(request, overrides):
     """What makes two creations "the same request" for idempotency (architecture decision 7);
-    a webhookUrl counts only when given, so the fingerprints of requests without one stay."""
+    an extension's field (a webhookUrl) counts only when given, so the fingerprints of requests
+    without one stay."""
     fields = {
         'jobType': request.job_type,
         'targetType': request.target_type,
@@ -413,8 +420,7 @@ def request_fingerprint(request, overrides):
         'input': request.input,
         'overrides': overrides,
     }
-    if request.webhook_url is not None:
-        fields['webhookUrl'] = request.webhook_url
+    fields.update((name, value) for name, value in request.extra.items() if value is not None)
     return canonical_hash(fields)
 
 

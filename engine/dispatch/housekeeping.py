@@ -193,17 +193,15 @@ class Reconciler:
 class Purger:
     """Deletes what nobody needs any more, in batches so no statement holds locks for long: the
     input snapshots of finished jobs past their ``expires_at`` (contracts §8.4), outbox events
-    published or dead longer than ``retention.outbox_ms`` ago, the history rows of jobs finished
-    longer than ``retention.history_ms`` ago, and webhook deliveries delivered or dead longer than
-    ``retention.webhook_ms`` ago. ``more`` ((name, purge(limit) -> rows deleted) pairs) holds the
-    extensions' purges (the response cache's expired entries): the hook point purge_steps of
-    engine/core/extension.py."""
+    published or dead longer than ``retention.outbox_ms`` ago, and the history rows of jobs
+    finished longer than ``retention.history_ms`` ago. ``more`` ((name, purge(limit) -> rows
+    deleted) pairs) holds the extensions' purges (the response cache's expired entries, old
+    webhook deliveries): the hook point purge_steps of engine/core/extension.py."""
 
-    def __init__(self, service, outbox, history, webhooks, retention, batch_size=1000, more=()):
+    def __init__(self, service, outbox, history, retention, batch_size=1000, more=()):
         self.service = service
         self.outbox = outbox
         self.history = history
-        self.webhooks = webhooks
         self.retention = retention
         self.batch_size = batch_size
         self.more = more
@@ -215,9 +213,6 @@ class Purger:
             'snapshots': _drain(lambda: self.service.purge_expired_snapshots(size)),
             'outbox': _drain(lambda: self.outbox.purge_finished(keep.outbox_ms, size)),
             'history': _drain(lambda: self.history.purge_finished(keep.history_ms, size)),
-            'webhook_deliveries': _drain(
-                lambda: self.webhooks.purge_finished(keep.webhook_ms, size)
-            ),
         }
         for name, purge in self.more:
             counts[name] = _drain(lambda purge=purge: purge(size))
@@ -227,17 +222,14 @@ class Purger:
 
 
 class Retention(NamedTuple):
-    """How long finished rows are kept (ms): outbox events, history rows, webhook deliveries."""
+    """How long finished rows are kept (ms): outbox events, history rows."""
 
     outbox_ms: int
     history_ms: int
-    webhook_ms: int
 
     @classmethod
     def from_config(cls, config):
-        return cls(
-            config.outbox_retention_ms, config.history_retention_ms, config.webhook_retention_ms
-        )
+        return cls(config.outbox_retention_ms, config.history_retention_ms)
 
 
 def _drain(delete_batch):

@@ -20,7 +20,6 @@ from ..core.states import RUNNING
 from ..execution.engine import ExecutionEngine
 from .leader import Leadership
 from .wake import Waker
-from .webhooks import run_webhooks
 
 EXIT_FORCED = 3  # a second SIGTERM/SIGINT: exit now, takeover recovers the jobs
 
@@ -245,7 +244,7 @@ class Supervisor:
 
 class Worker:
     """Worker pools, supervisor and the housekeeping loops, in this process. The housekeeping
-    (reaper, reconciler, outbox polling, webhook fan-out, purge, the extensions' ``leader_steps``)
+    (reaper, reconciler, outbox polling, terminal events, purge, the extensions' ``leader_steps``)
     runs only while this process
     holds the leader lease (architecture decision 12); the rest runs in every process. With
     ``with_maintenance=False`` the process never stands for the lease: job threads only."""
@@ -291,19 +290,9 @@ class Worker:
             self._thread('leader', self.leadership.run, self.stop_event, first_wait)
         lead = self.leadership.held
         self._thread('dispatcher', rt.dispatcher.run, self.stop_event, conn, lead)
-        # Webhooks on a thread of their own, sending from their own bounded pool: a slow
-        # receiver never takes a job thread or delays the dispatcher. Every process sends; the
-        # leader alone fans out.
-        self._thread(
-            'webhooks',
-            run_webhooks,
-            rt.webhook_fanout,
-            rt.webhook_sender,
-            self.stop_event,
-            conn,
-            config.outbox_poll_ms / 1000.0,
-            lead,
-        )
+        # The extensions' loops (webhook sends), each on a thread of its own.
+        for name, run, _ in rt.hooks.worker_loops:
+            self._thread(name, run, self.stop_event, conn, lead)
         heartbeat_s = config.heartbeat_ms / 1000.0
         self._every('lock-extension', heartbeat_s, self.supervisor.extend_held_locks, conn)
         # The consumer key and the cancel signals are Redis's: no unit of database work.
@@ -317,6 +306,9 @@ class Worker:
             # A queue that lost its data (Redis restarted empty) is noticed within a second.
             self._every('queue-epoch', QUEUE_EPOCH_CHECK_S, rt.reconciler.check_epoch, conn, lead)
             self._every('purger', config.purge_interval_ms / 1000.0, rt.purger.sweep, conn, lead)
+            # Terminal events to the extensions' handlers (the webhooks' fan-out).
+            poll_s = config.outbox_poll_ms / 1000.0
+            self._every('terminal-events', poll_s, rt.terminal_events.drain, conn, lead)
             # The gateway's own leader work (provider batches), handed in by the runtime; a
             # long step asks again between its provider calls whether this process still leads.
             for name, interval_s, step in rt.hooks.leader_steps:
@@ -365,7 +357,8 @@ class Worker:
         self.waker.close()  # wake-ups not yet due go back to the outbox, for the leader
         self.stop_event.set()
         self.runtime.dispatcher.wake.set()
-        self.runtime.webhook_sender.wake.set()
+        for _, _, wake in self.runtime.hooks.worker_loops:
+            wake()
         for thread in self.threads:
             thread.join(2.0)
         self.leadership.release()

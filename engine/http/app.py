@@ -19,7 +19,6 @@ from .resources.credentials import Credentials
 from .resources.jobs import Jobs
 from .resources.operations import Operations
 from .resources.usage import Usage
-from .resources.webhooks import Webhooks
 
 
 class Api:
@@ -37,7 +36,6 @@ class Api:
             Credentials(runtime, access),
             Usage(runtime, access),
             Operations(runtime, self.document),
-            Webhooks(runtime, access),
         ) + tuple(make(runtime, access) for make in runtime.hooks.http_resources)
         self.openapi = build_document(self.resources)
 

@@ -121,7 +121,9 @@ def store_with_a_webhook(tmp_path):
     try:
         runtime.create_schema()
         with runtime.store.connection():
-            runtime.webhooks.create_endpoint('u1', 'https://hooks.example.com/x')
+            runtime.features['webhooks'].repository.create_endpoint(
+                'u1', 'https://hooks.example.com/x'
+            )
     finally:
         runtime.close()
     return url

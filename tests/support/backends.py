@@ -17,7 +17,6 @@ import pymysql
 import pytest
 import redis
 
-from engine.core.models import MODELS
 from engine.extensions import load_config
 
 WORKER = os.environ.get('PYTEST_XDIST_WORKER', '')  # 'gw0', 'gw1'... under xdist, else ''
@@ -151,9 +150,9 @@ def delete_redis_keys(prefix, url=REDIS_URL):
     client.close()
 
 
-def reset_tables(store, models=MODELS):
-    """Empty every table of ``models`` (a runtime's: the kernel's, its features', its plugins';
-    MySQL keeps its schema between tests, SQLite is a new file)."""
-    with store.connection():
-        for model in models:
+def reset_tables(runtime):
+    """Empty every table of ``runtime``: the kernel's, the installed features', the plugins'
+    (MySQL keeps its schema between tests; SQLite is a new file)."""
+    with runtime.store.connection():
+        for model in runtime.models:
             model.delete().execute()

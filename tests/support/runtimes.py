@@ -81,7 +81,7 @@ def make_runtime(backend):
         runtime = Runtime(backend.config(**settings), role=role, registry=registry)
         if not made:
             runtime.create_schema()
-            reset_tables(runtime.store, runtime.models)
+            reset_tables(runtime)
         made.append(runtime)
         return runtime
 

@@ -1,6 +1,8 @@
 """The body of ``POST /api/ai/jobs``: the checks of what a client sends (the fields it may set, the
 idempotency key in the header or the body) and its schema in the OpenAPI document, one per job
-type, so that a body the document allows is one the server accepts."""
+type, so that a body the document allows is one the server accepts. The installed extensions'
+own fields (core.extension.CreateField: a job's webhookUrl, say) come after the kernel's; without
+the extension its field is unknown."""
 
 from ...core.errors import InvalidRequestError
 from ...core.registry import first_error
@@ -14,18 +16,19 @@ CREATE_FIELDS = (
     'input',
     'idempotencyKey',
     'overrides',
-    'webhookUrl',
 )
 USER_KEY_MODE = 'user_deepseek_key'
 
 
-def create_request(principal, body, header_key):
+def create_request(principal, body, header_key, extra_fields=()):
     """A CreateJobInput from a POST body: fields a client may not set are refused, never
-    honoured; the job always belongs to the caller."""
-    unknown = sorted(set(body) - set(CREATE_FIELDS))
+    honoured; the job always belongs to the caller. ``extra_fields``: the extensions'
+    CreateFields."""
+    allowed = CREATE_FIELDS + tuple(extra.name for extra in extra_fields)
+    unknown = sorted(set(body) - set(allowed))
     if unknown:
         raise InvalidRequestError(
-            '%s may not be set by a client (allowed: %s)' % (unknown[0], ', '.join(CREATE_FIELDS)),
+            '%s may not be set by a client (allowed: %s)' % (unknown[0], ', '.join(allowed)),
             field=unknown[0],
         )
     if not isinstance(body.get('jobType'), str) or not body['jobType']:
@@ -43,22 +46,26 @@ def create_request(principal, body, header_key):
         input=body.get('input', {}),
         idempotency_key=header_key if header_key is not None else body_key,
         overrides=body.get('overrides') or {},
-        webhook_url=body.get('webhookUrl'),
+        extra={
+            extra.name: body[extra.name]
+            for extra in extra_fields
+            if body.get(extra.name) is not None
+        },
     )
 
 
-def create_job_schema(definitions, prompt_versions):
+def create_job_schema(definitions, prompt_versions, extra_fields=()):
     """One schema per job type (``oneOf`` on ``jobType``): its input schema and the credential
     modes it allows are part of the contract, so a body the document allows is one the server
     accepts. Optional fields may be null (the same as absent)."""
     return {
-        'oneOf': [_create_one(d, prompt_versions(d)) for d in definitions],
+        'oneOf': [_create_one(d, prompt_versions(d), extra_fields) for d in definitions],
         'description': 'Idempotency: idempotencyKey or the Idempotency-Key header; when both are '
         'given they must be equal.',
     }
 
 
-def _create_one(definition, prompt_versions):
+def _create_one(definition, prompt_versions, extra_fields):
     text = {'type': 'string', 'pattern': NOT_BLANK}
     nullable = lambda schema: dict(schema, type=[schema['type'], 'null'])  # noqa: E731
     required = ['jobType', 'targetType', 'targetId']
@@ -78,15 +85,7 @@ def _create_one(definition, prompt_versions):
                 description="The job type's input (default {}).",
             ),
             'idempotencyKey': nullable(dict(text, maxLength=255)),
-            'webhookUrl': {
-                'type': ['string', 'null'],
-                'format': 'uri',
-                'pattern': '^https?://',
-                'maxLength': 2048,
-                'description': 'POSTed the terminal status, signed with the secret of '
-                'GET /api/ai/webhooks/job-secret; https, public addresses only '
-                '(WEBHOOK_URL_REFUSED otherwise).',
-            },
+            **{extra.name: extra.schema for extra in extra_fields},
             'overrides': _overrides(definition, prompt_versions, text, nullable),
         },
     }

@@ -11,7 +11,6 @@ from ...core.errors import (
     InvalidRequestError,
     JobNotFoundError,
     UnknownJobTypeError,
-    WebhooksUnavailableError,
 )
 from ...core.logs import log_event
 from ...core.states import RUNNING, TERMINAL
@@ -70,7 +69,9 @@ class Jobs:
         )
         prompt_versions = self.runtime.ai.prompt_versions or (lambda definition: None)
         return {
-            'CreateJobRequest': create_job_schema(definitions, prompt_versions),
+            'CreateJobRequest': create_job_schema(
+                definitions, prompt_versions, self.runtime.hooks.create_fields
+            ),
             'JobEvent': {
                 'type': 'object',
                 'additionalProperties': False,
@@ -158,12 +159,11 @@ class Jobs:
     def create_job(self):
         principal = self.access.caller()
         body = parsing.json_object(self.max_body_bytes)
-        request = create_request(principal, body, parsing.idempotency_key())
+        request = create_request(
+            principal, body, parsing.idempotency_key(), self.runtime.hooks.create_fields
+        )
         if not self.runtime.registry.get(request.job_type).api_creatable:
             raise UnknownJobTypeError(request.job_type)  # internal-only types stay unlisted
-        if request.webhook_url is not None and not self.runtime.webhook_signer.enabled:
-            self.runtime.service.check_request(request)  # a bad body is a 400 all the same
-            raise WebhooksUnavailableError()
         result = self.runtime.service.create_job(request)
         job = result.job
         if result.created:

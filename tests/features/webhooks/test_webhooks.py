@@ -18,11 +18,14 @@ import urllib.request
 
 import pytest
 
-from engine.core import webhook_urls
-from engine.core.models import AiJob, WebhookDelivery
+from engine.core.models import AiJob, OutboxEvent
+from engine.extensions import INSTALLED
+from engine.features.webhooks import urls as webhook_urls
+from engine.features.webhooks.models import WebhookDelivery, WebhookEndpoint
+from engine.runtime import Runtime
 from tests.kernel.execution.test_recovery import WorkerProcess
 from tests.support.api import JOBS, Harness, job_body
-from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
+from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers, reset_tables
 from tests.support.helpers import wait_until
 from tests.support.paths import ROOT
 from tests.support.runtimes import FAST_SETTINGS, MASTER_KEY, fast_registry, wait_terminal
@@ -454,3 +457,47 @@ def test_without_a_master_key_webhooks_are_unavailable(make_push_api):
     assert (response.status, response.error_code) == (503, 'WEBHOOKS_UNAVAILABLE')
     response = api.a.post(JOBS, job_body(webhookUrl='http://127.0.0.1:9/a'))
     assert (response.status, response.error_code) == (503, 'WEBHOOKS_UNAVAILABLE')
+
+
+# ---------------------------------------------------------------- the feature and the kernel
+def test_a_job_s_webhook_url_is_part_of_its_idempotency_fingerprint(make_push_api):
+    """The create body's webhookUrl (the feature's create field): a replay with the same URL
+    is the same job, a different URL or none under the same key is refused, nothing written."""
+    api = make_push_api(start=False)
+    first = api.a.post(JOBS, job_body(key='k1', webhookUrl='http://127.0.0.1:9/a'))
+    assert first.status == 201
+    again = api.a.post(JOBS, job_body(key='k1', webhookUrl='http://127.0.0.1:9/a'))
+    assert (again.status, again.json['jobId']) == (200, first.json['jobId'])
+    for other in (job_body(key='k1', webhookUrl='http://127.0.0.1:9/b'), job_body(key='k1')):
+        response = api.a.post(JOBS, other)
+        assert (response.status, response.error_code) == (422, 'IDEMPOTENCY_KEY_REUSED')
+    endpoints = api.runtime.features['webhooks'].repository
+    assert WebhookEndpoint.select().where(WebhookEndpoint.job_id.is_null(False)).count() == 1
+    assert endpoints.list_endpoints('user-a') == []  # a job's own URL is not a user endpoint
+
+
+def test_without_the_feature_webhook_url_is_an_unknown_field_and_no_route_is_served(backend):
+    """The engine with every installed extension but the webhooks (its line gone from
+    engine/extensions.py): jobs run, the create body refuses webhookUrl, the document and
+    the app know no webhook path, and the terminal events are marked published all the same."""
+    extensions = tuple(e for e in INSTALLED if e.name != 'webhooks')
+    runtime = Runtime(
+        backend.config(**FAST_SETTINGS), registry=fast_registry(), extensions=extensions
+    )
+    try:
+        runtime.create_schema()
+        reset_tables(runtime)
+        with runtime.store.connection():
+            api = Harness(runtime)
+            refused = api.a.post(JOBS, job_body(webhookUrl='https://hooks.example.com/x'))
+            assert (refused.status, refused.error_code) == (400, 'INVALID_REQUEST')
+            assert 'webhookUrl' not in json.dumps(api.app_document()['components']['schemas'])
+            assert not [path for path in api.app_document()['paths'] if 'webhook' in path]
+            assert api.a.get(HOOKS).status == 404
+            job_id = api.create()
+        runtime.start_background()
+        with runtime.store.connection():
+            assert wait_terminal(runtime, job_id).lifecycle_status == 'succeeded'
+            wait_until(lambda: not OutboxEvent.select().where(OutboxEvent.status != 'published'))
+    finally:
+        runtime.close()

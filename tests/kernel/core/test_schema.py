@@ -103,6 +103,7 @@ def test_schema_sql_matches_the_models(mysql, tmp_path):
     sql_columns, sql_indexes = describe(conn, sql_db)
     model_columns, model_indexes = describe(conn, models_db)
     assert len({c[0] for c in sql_columns}) == len(models)
+    assert 'webhook_delivery' in {c[0] for c in sql_columns}  # a feature's own table
     assert sql_columns == model_columns
     assert sql_indexes == model_indexes
     assert any(c[2] == 'datetime(6)' for c in sql_columns)

@@ -14,13 +14,13 @@ from engine.core.models import (
     AiJobEvent,
     AiJobSnapshot,
     OutboxEvent,
-    WebhookDelivery,
     new_id,
 )
 from engine.core.outbox import DEAD, PENDING, PUBLISHED
-from engine.core.webhooks import DEAD as WEBHOOK_DEAD
-from engine.core.webhooks import DELIVERED, SENDING
-from engine.core.webhooks import PENDING as WEBHOOK_PENDING
+from engine.features.webhooks.models import WebhookDelivery
+from engine.features.webhooks.repository import DEAD as WEBHOOK_DEAD
+from engine.features.webhooks.repository import DELIVERED, SENDING
+from engine.features.webhooks.repository import PENDING as WEBHOOK_PENDING
 from tests.support.helpers import create_job, wait_until
 from tests.support.runtimes import FAST_SETTINGS, fast_registry, wait_terminal
 

@@ -103,5 +103,5 @@ def test_the_dispatcher_leaves_terminal_events_to_the_webhook_fan_out(engine_rt)
     assert engine_rt.dispatcher.cycle() == 1  # the enqueue event only
     assert engine_rt.queue.depth('ai-interactive') == 1
     assert terminal_events(job.id)[0][2] == 'pending'
-    assert engine_rt.webhook_fanout.cycle() == 1
+    assert engine_rt.terminal_events.cycle() == 1
     assert terminal_events(job.id)[0][2] == 'published'

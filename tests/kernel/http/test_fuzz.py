@@ -17,9 +17,9 @@ from engine.core.models import (
     AiJob,
     AiJobSnapshot,
     UserModelCredential,
-    WebhookEndpoint,
     canonical_json,
 )
+from engine.features.webhooks.models import WebhookEndpoint
 from tests.support.api import ADMIN_JOBS, JOBS, job_body
 from tests.support.wsgi import LEAK
 

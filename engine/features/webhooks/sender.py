@@ -1,9 +1,9 @@
-"""The webhook loops of a worker process (architecture decision 15): the fan-out turns each
-terminal outbox event into one delivery row per endpoint that wants it; the sender claims due
-deliveries by compare-and-set and POSTs them, signed, from threads of its own (at most
-AIJOB_WEBHOOK_CONCURRENCY), so a slow or dead receiver never holds up a job. A failed attempt is
-retried with exponential backoff and jitter, then the delivery is dead. At-least-once: a sender
-killed mid-send leaves a claim whose lease expires, and the same ``webhook-id`` goes out again.
+"""The webhook sender of a worker process (architecture decision 15): it claims due deliveries
+(written by the fan-out, repository.py) by compare-and-set and POSTs them, signed, from threads
+of its own (at most AIJOB_WEBHOOK_CONCURRENCY), so a slow or dead receiver never holds up a job.
+A failed attempt is retried with exponential backoff and jitter, then the delivery is dead.
+At-least-once: a sender killed mid-send leaves a claim whose lease expires, and the same
+``webhook-id`` goes out again.
 """
 
 import http.client
@@ -13,13 +13,12 @@ import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..core.errors import WebhookUrlRefusedError
-from ..core.logs import log_event
-from ..core.outbox import TERMINAL_CLAIM
-from ..core.status_view import find_for_status, job_status
-from ..core.webhook_urls import check_url
-from ..execution.webhook_signing import signed_headers
-from . import webhook_http
+from ...core.errors import WebhookUrlRefusedError
+from ...core.logs import log_event
+from ...core.status_view import find_for_status, job_status
+from . import http_post
+from .signing import signed_headers
+from .urls import check_url
 
 BACKOFF_FACTOR = 5  # each retry waits 5 times longer: 5 s, 25 s, 2 min, 10 min, 52 min, 4 h, 22 h
 JITTER = 0.2  # ± this share of each delay, so the retries of many deliveries spread out
@@ -29,37 +28,6 @@ def retry_delay_ms(attempts, base_ms, rng=random):
     """The wait after the ``attempts``-th failed attempt (1, 2, …), jitter included."""
     delay = base_ms * BACKOFF_FACTOR ** (attempts - 1)
     return int(delay * rng.uniform(1 - JITTER, 1 + JITTER))
-
-
-class WebhookFanout:
-    def __init__(self, outbox, webhooks, store, instance_id, batch_size=100):
-        self.outbox = outbox
-        self.webhooks = webhooks
-        self.store = store
-        self.instance_id = instance_id
-        self.batch_size = batch_size
-        self._claims = 0
-
-    def cycle(self):
-        """Claim up to ``batch_size`` terminal events, then, in one transaction, write their
-        deliveries and mark them published. A process that dies between the two leaves claims
-        that expire (contracts §4.5); the fan-out is then done again, adding nothing twice.
-        Returns how many events were handled."""
-        self._claims += 1
-        claimer = '%s#f%d' % (self.instance_id, self._claims)
-        events = self.outbox.claim_batch(claimer, self.batch_size, TERMINAL_CLAIM)
-        if not events:
-            return 0
-
-        def work(tx):
-            deliveries = self.webhooks.fan_out(events)
-            self.outbox.mark_published_batch([event.id for event in events], claimer)
-            return deliveries
-
-        deliveries = self.store.run_in_transaction(work)
-        if deliveries:
-            log_event('webhook.fanned_out', events=len(events), deliveries=deliveries)
-        return len(events)
 
 
 class WebhookSender:
@@ -129,7 +97,7 @@ class WebhookSender:
             return None, '%s: %s' % (exc.code, exc.public_message)
         headers = signed_headers(self.signer.secret_for(endpoint), delivery.id, body)
         try:
-            return webhook_http.post(target, body, headers, self.timeout_s), None
+            return http_post.post(target, body, headers, self.timeout_s), None
         except (OSError, http.client.HTTPException) as exc:
             return None, 'SEND_FAILED: %s' % exc.__class__.__name__
 
@@ -161,17 +129,14 @@ class WebhookSender:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def run_webhooks(fanout, sender, stop, connection, poll_s, lead=None):
-    """The webhook thread of a worker process: fan out (only while ``lead()`` says this process
-    is the housekeeping leader), then send what is due, every ``poll_s`` (sooner when a send
-    finishes and frees a thread). Every process sends: deliveries are claimed by CAS."""
+def run_webhooks(sender, poll_s, stop, connection, lead=None):
+    """The webhook thread of a worker process (the hook point worker_loops): send what is due,
+    every ``poll_s`` (sooner when a send finishes and frees a thread). Every process sends:
+    deliveries are claimed by CAS. ``lead`` is not needed: the fan-out is the leader's (the
+    kernel's terminal events, engine/dispatch/terminal.py)."""
     while not stop.is_set():
         try:
             with connection():
-                # A full batch: there may be more right now.
-                while (lead is None or lead()) and not stop.is_set():
-                    if fanout.cycle() < fanout.batch_size:
-                        break
                 sender.cycle()
         except Exception:  # a store outage: log, wait, go on
             log_event('webhook.cycle_failed', logging.ERROR, exc_info=True)

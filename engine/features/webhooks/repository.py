@@ -3,8 +3,9 @@ job events to them. A delivery is a row claimed by compare-and-set, like an outb
 (contracts §4.3): the claim comes before the send, it lasts a lease (a worker killed mid-send
 leaves a claim that expires and is claimed again), and only the claimer records the outcome."""
 
-from .models import WebhookDelivery, WebhookEndpoint, new_id
-from .sql import Statement, placeholders, statement
+from ...core.models import new_id
+from ...core.sql import Statement, placeholders, statement
+from .models import WebhookDelivery, WebhookEndpoint
 
 PENDING, SENDING, DELIVERED, DEAD = 'pending', 'sending', 'delivered', 'dead'
 STATUSES = (PENDING, SENDING, DELIVERED, DEAD)

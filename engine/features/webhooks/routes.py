@@ -14,10 +14,8 @@ from ...core.errors import (
 )
 from ...core.logs import log_event
 from ...core.outbox import TERMINAL_EVENTS
-from ...core.webhook_urls import check_url
-from ...core.webhooks import STATUSES
-from .. import parsing
-from ..openapi import (
+from ...http import parsing
+from ...http.openapi import (
     NULLABLE_TIME,
     TIME,
     error_responses,
@@ -26,9 +24,11 @@ from ..openapi import (
     query_param,
     ref,
 )
-from ..params import whole_number
-from ..replies import reply
-from ..views import iso
+from ...http.params import whole_number
+from ...http.replies import reply
+from ...http.views import iso
+from .repository import STATUSES
+from .urls import check_url
 
 EVENT_TYPES = tuple(TERMINAL_EVENTS.values())
 ENDPOINT_FIELDS = ('url', 'events', 'jobTypes')
@@ -42,15 +42,16 @@ MAX_LIST_ITEMS = 20
 WEBHOOK_ID = '<webhook_id:re:(?!job-secret$)[^/]+>'
 
 
-class Webhooks:
-    """The webhook routes, over the runtime's repository, URL rule and signer."""
+class WebhookRoutes:
+    """The webhook routes, over the feature's repository, URL rule and signer."""
 
     def __init__(self, runtime, access):
+        webhooks = runtime.features['webhooks']
         self.access = access
         self.max_body_bytes = runtime.config.max_body_bytes
-        self.webhooks = runtime.webhooks
-        self.policy = runtime.webhook_policy
-        self.signer = runtime.webhook_signer
+        self.webhooks = webhooks.repository
+        self.policy = webhooks.policy
+        self.signer = webhooks.signer
         self.registry = runtime.registry
 
     def routes(self):

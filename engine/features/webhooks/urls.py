@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .errors import WebhookUrlRefusedError
+from ...core.errors import WebhookUrlRefusedError
 
 MAX_URL_CHARS = 2048
 

@@ -1,4 +1,4 @@
-"""One webhook POST to an address checked just before (engine/core/webhook_urls.py): the
+"""One webhook POST to an address checked just before (engine/features/webhooks/urls.py): the
 connection goes to that address, while the Host header and TLS (SNI and certificate) use the
 URL's name. Redirects are never followed: a 3xx is a failed attempt like any other non-2xx."""
 
