@@ -155,8 +155,15 @@ class OutboxDispatcher:
 
 
 def message_for(payload):
+    """The queue message of an enqueue or wake-up event. An event written without a user key
+    (before fair queues, or by a writer that does not know the user) gives a message without
+    one: it waits in its band's shared list, taken before the users' turns."""
     return Message.for_job(
-        payload['jobId'], payload['jobType'], payload['queueName'], payload['priority']
+        payload['jobId'],
+        payload['jobType'],
+        payload['queueName'],
+        payload['priority'],
+        payload.get('userKey') or '',
     )
 
 

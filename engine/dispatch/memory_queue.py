@@ -1,11 +1,65 @@
-"""The in-process queue of the embedded default: the same contract as Redis, for one process."""
+"""The in-process queue of the embedded default: the same contract as Redis, for one process,
+fair per user the same way (a shared list, then the users' turns, in each priority band)."""
 
 import collections
 import threading
 import time
 
+from ..core.fairness import weights_by_key
 from ..core.registry import QUEUE_NAMES
 from .queue import BANDS, Delivery, Message, Queue, band_of
+
+
+class _Band:
+    """One priority band of one queue: the shared list (messages without a user key), each
+    user's own list, and the rotation of the users with messages waiting (the head's turn
+    first; ``turns`` counts the head's turns in a row, for weights)."""
+
+    def __init__(self):
+        self.shared = collections.deque()
+        self.users = {}  # user key -> deque of raw messages, never empty
+        self.rotation = collections.OrderedDict()  # user keys with messages waiting, in turn
+        self.turns = 0
+
+    def __len__(self):
+        return len(self.shared) + sum(len(waiting) for waiting in self.users.values())
+
+    def add(self, user, raw, front=False):
+        if not user:
+            self.shared.appendleft(raw) if front else self.shared.append(raw)
+            return
+        waiting = self.users.setdefault(user, collections.deque())
+        waiting.appendleft(raw) if front else waiting.append(raw)
+        self.rotation.setdefault(user, None)
+        if front and next(iter(self.rotation)) != user:
+            # A message handed back goes first, and its user's turn with it.
+            self.rotation.move_to_end(user, last=False)
+            self.turns = 0
+
+    def take(self, capped, weight_of):
+        """The next message (None if none), passing over users for whom ``capped(user)``."""
+        if self.shared:
+            return self.shared.popleft()
+        for _ in range(len(self.rotation)):
+            user = next(iter(self.rotation))
+            if capped(user):
+                self.rotation.move_to_end(user)  # its messages stay; the next user's turn
+                self.turns = 0
+                continue
+            waiting = self.users[user]
+            raw = waiting.popleft()
+            self.turns += 1
+            if not waiting:
+                del self.users[user], self.rotation[user]
+                self.turns = 0
+            elif self.turns >= weight_of(user):
+                self.rotation.move_to_end(user)
+                self.turns = 0
+            return raw
+        return None
+
+    def clear(self):
+        self.__init__()
 
 
 class MemoryQueue(Queue):
@@ -13,14 +67,17 @@ class MemoryQueue(Queue):
     serve`` without Redis). Nothing survives a restart, which the reconciler covers: the
     database still says which jobs are queued."""
 
-    def __init__(self):
+    def __init__(self, user_weights=None, max_running_per_user=0):
         self._lock = threading.Condition()
-        self._bands = {q: [collections.deque() for _ in range(BANDS)] for q in QUEUE_NAMES}
+        self._bands = {q: [_Band() for _ in range(BANDS)] for q in QUEUE_NAMES}
         self._processing = collections.defaultdict(list)  # (queue, consumer) -> [raw]
+        self._running = collections.Counter()  # (queue, user key) -> messages being processed
         self._markers = {}  # queue job id -> raw
         self._heartbeats = {}  # consumer -> monotonic expiry
         self._cancels = {}  # job id -> monotonic expiry
         self._epoch = 1
+        self._weights = weights_by_key(user_weights)
+        self.max_running_per_user = max_running_per_user
 
     def push(self, message, force=False):
         with self._lock:
@@ -28,7 +85,7 @@ class MemoryQueue(Queue):
                 return False
             raw = message.encode()
             self._markers[message.queue_job_id] = raw
-            self._bands[message.queue_name][band_of(message.priority)].append(raw)
+            self._band(message).add(message.user_key, raw)
             self._lock.notify_all()  # consumers of both queues share the condition
             return True
 
@@ -40,10 +97,7 @@ class MemoryQueue(Queue):
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while True:
-                taken = []
-                for band in self._bands[queue_name]:
-                    while band and len(taken) < limit:
-                        taken.append(band.popleft())
+                taken = self._take(queue_name, limit)
                 if taken:
                     self._processing[(queue_name, consumer_id)].extend(taken)
                     return [Delivery(Message.decode(raw), raw, consumer_id) for raw in taken]
@@ -51,6 +105,24 @@ class MemoryQueue(Queue):
                 if remaining <= 0:
                     return []
                 self._lock.wait(remaining)
+
+    def _take(self, queue_name, limit):
+        cap = self.max_running_per_user
+
+        def capped(user):
+            return cap > 0 and self._running[(queue_name, user)] >= cap
+
+        taken = []
+        for band in self._bands[queue_name]:
+            while len(taken) < limit:
+                raw = band.take(capped, lambda user: self._weights.get(user, 1))
+                if raw is None:
+                    break
+                taken.append(raw)
+                user = Message.decode(raw).user_key
+                if user:
+                    self._running[(queue_name, user)] += 1
+        return taken
 
     def ack(self, delivery):
         m = delivery.message
@@ -60,10 +132,9 @@ class MemoryQueue(Queue):
                 del self._markers[m.queue_job_id]
 
     def release(self, delivery):
-        m = delivery.message
         with self._lock:
             if self._remove_processing(delivery):
-                self._bands[m.queue_name][band_of(m.priority)].appendleft(delivery.raw)
+                self._band(delivery.message).add(delivery.message.user_key, delivery.raw, True)
                 self._lock.notify_all()
 
     def heartbeat(self, consumer_id, ttl_ms):
@@ -78,7 +149,9 @@ class MemoryQueue(Queue):
                 if self._heartbeats.get(consumer_id, 0) > now:
                     continue
                 for raw in reversed(raws):
-                    self._bands[queue_name][band_of(Message.decode(raw).priority)].appendleft(raw)
+                    message = Message.decode(raw)
+                    self._finished(message)
+                    self._band(message).add(message.user_key, raw, front=True)
                     moved += 1
                 del self._processing[(queue_name, consumer_id)]
             if moved:
@@ -88,6 +161,11 @@ class MemoryQueue(Queue):
     def has_entry(self, message):
         with self._lock:
             return message.queue_job_id in self._markers
+
+    def running(self, queue_name, user_key):
+        """Messages of this user being processed in this queue (what the cap counts)."""
+        with self._lock:
+            return self._running[(queue_name, user_key)]
 
     def signal_cancel(self, job_id, ttl_s=300):
         with self._lock:
@@ -130,11 +208,27 @@ class MemoryQueue(Queue):
                 for band in bands:
                     band.clear()
             self._processing.clear()
+            self._running.clear()
             self._markers.clear()
 
+    def _band(self, message):
+        return self._bands[message.queue_name][band_of(message.priority)]
+
     def _remove_processing(self, delivery):
+        """Take a delivery out of its consumer's list; True if it was there (and then its
+        user's running count drops, and a user at the cap may be waited for: wake)."""
         raws = self._processing.get((delivery.message.queue_name, delivery.consumer_id), [])
         if delivery.raw in raws:
             raws.remove(delivery.raw)
+            self._finished(delivery.message)
             return True
         return False
+
+    def _finished(self, message):
+        key = (message.queue_name, message.user_key)
+        if message.user_key and self._running[key] > 0:
+            self._running[key] -= 1
+            if not self._running[key]:
+                del self._running[key]
+            if self.max_running_per_user:
+                self._lock.notify_all()  # a consumer may have passed this user over
