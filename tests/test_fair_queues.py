@@ -263,3 +263,14 @@ def test_the_reconciler_rebuilds_the_users_turns_after_redis_lost_its_keys(engin
     users = [d.message.user_key for d in taken]
     assert user_key('user-b') in users[:2]
     assert sorted(d.message.job_id for d in taken) == sorted(j.id for j in jobs)
+
+
+def test_a_newcomer_goes_before_a_user_already_served_in_this_round(make_queue):
+    """A alone was served three times; B and C arrive: their first messages go before A's next
+    (they join the round being served; A's turn ended and moved it to the next)."""
+    queue = make_queue()
+    push(queue, 'a', 10)
+    assert [owner(d) for d in pops(queue, 3)] == ['a', 'a', 'a']
+    push(queue, 'b', 2)
+    push(queue, 'c', 2)
+    assert [owner(d) for d in pops(queue, 6)] == ['b', 'c', 'a', 'b', 'c', 'a']

@@ -2,6 +2,8 @@
 fair per user the same way (a shared list, then the users' turns, in each priority band)."""
 
 import collections
+import heapq
+import itertools
 import threading
 import time
 
@@ -10,15 +12,70 @@ from ..core.registry import QUEUE_NAMES
 from .queue import BANDS, Delivery, Message, Queue, band_of
 
 
+class _Rotation:
+    """The users with messages waiting, in turn order: the lowest (round, arrival) first. A user
+    whose turn ends moves to its next round; a user who arrives joins the round being served
+    (``served``: the round of the last message taken), after those already in it. A heap with
+    stale entries skipped on the way."""
+
+    def __init__(self):
+        self.served = 0
+        self._heap = []
+        self._entry = {}  # user -> its (round, arrival) in the heap
+        self._arrivals = itertools.count()
+
+    def __contains__(self, user):
+        return user in self._entry
+
+    def __len__(self):
+        return len(self._entry)
+
+    def head(self):
+        while self._heap:
+            round_, arrival, user = self._heap[0]
+            if self._entry.get(user) == (round_, arrival):
+                return user
+            heapq.heappop(self._heap)  # stale: the user moved or left
+        return None
+
+    def join(self, user):
+        """A user with a first message waiting: into the round being served."""
+        if user not in self._entry:
+            self._place(user, self.served)
+
+    def round_of(self, user):
+        return self._entry[user][0]
+
+    def next_round(self, user):
+        self._place(user, self._entry[user][0] + 1)
+
+    def to_front(self, user):
+        """Before the head (a message handed back: its user's turn is given back)."""
+        head = self.head()
+        if head is None:
+            self._place(user, 0)
+        elif head != user:
+            round_, arrival = self._entry[head]
+            self._entry[user] = (round_, arrival - 0.5)
+            heapq.heappush(self._heap, (round_, arrival - 0.5, user))
+
+    def leave(self, user):
+        self._entry.pop(user, None)
+
+    def _place(self, user, round_):
+        self._entry[user] = (round_, next(self._arrivals))
+        heapq.heappush(self._heap, self._entry[user] + (user,))
+
+
 class _Band:
     """One priority band of one queue: the shared list (messages without a user key), each
-    user's own list, and the rotation of the users with messages waiting (the head's turn
-    first; ``turns`` counts the head's turns in a row, for weights)."""
+    user's own list, and the rotation of the users with messages waiting (``turns`` counts the
+    head's turns in a row, for weights)."""
 
     def __init__(self):
         self.shared = collections.deque()
         self.users = {}  # user key -> deque of raw messages, never empty
-        self.rotation = collections.OrderedDict()  # user keys with messages waiting, in turn
+        self.rotation = _Rotation()
         self.turns = 0
 
     def __len__(self):
@@ -26,34 +83,41 @@ class _Band:
 
     def add(self, user, raw, front=False):
         if not user:
-            self.shared.appendleft(raw) if front else self.shared.append(raw)
+            if front:
+                self.shared.appendleft(raw)
+            else:
+                self.shared.append(raw)
             return
         waiting = self.users.setdefault(user, collections.deque())
-        waiting.appendleft(raw) if front else waiting.append(raw)
-        self.rotation.setdefault(user, None)
-        if front and next(iter(self.rotation)) != user:
-            # A message handed back goes first, and its user's turn with it.
-            self.rotation.move_to_end(user, last=False)
-            self.turns = 0
+        if front:  # a message handed back goes first, and its user's turn with it
+            waiting.appendleft(raw)
+            if self.rotation.head() != user:
+                self.rotation.to_front(user)
+                self.turns = 0
+        else:
+            waiting.append(raw)
+            self.rotation.join(user)
 
     def take(self, capped, weight_of):
         """The next message (None if none), passing over users for whom ``capped(user)``."""
         if self.shared:
             return self.shared.popleft()
         for _ in range(len(self.rotation)):
-            user = next(iter(self.rotation))
+            user = self.rotation.head()
             if capped(user):
-                self.rotation.move_to_end(user)  # its messages stay; the next user's turn
+                self.rotation.next_round(user)  # its messages stay; the next user's turn
                 self.turns = 0
                 continue
             waiting = self.users[user]
             raw = waiting.popleft()
+            self.rotation.served = self.rotation.round_of(user)
             self.turns += 1
             if not waiting:
-                del self.users[user], self.rotation[user]
+                del self.users[user]
+                self.rotation.leave(user)
                 self.turns = 0
             elif self.turns >= weight_of(user):
-                self.rotation.move_to_end(user)
+                self.rotation.next_round(user)
                 self.turns = 0
             return raw
         return None

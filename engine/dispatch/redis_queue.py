@@ -30,14 +30,18 @@ from .redis_client import connect, is_cluster, translate_errors
 
 # Per shard ({tag}) and priority band: the band's shared list ``band:N`` (messages without a user
 # key, and those of a deployment before fair queues), each user's list ``band:N:u:USERKEY``, the
-# rotation ``band:N:users`` (a sorted set: the users with messages waiting, in turn order, scored
-# from the shard's ``seq`` counter) and ``band:N:turn`` ("USERKEY n": the head user's turns in a
-# row, for weights). Per shard: ``weights`` (user key -> weight, only weights other than 1) and
+# rotation ``band:N:users``, ``band:N:turn`` ("USERKEY n": the head user's turns in a row, for
+# weights) and ``band:N:round`` (the round of the last message taken). The rotation is a sorted
+# set of the users with messages waiting, scored ROUND * 2^20 + a number from the shard's ``seq``
+# counter (arrival order within a round): the lowest score has the turn. A user whose turn ends
+# moves to its next round; a user who arrives joins the round being served, so a newcomer goes
+# before the users already served in it (start-time fair queueing, in whole turns).
+# Per shard: ``weights`` (user key -> weight, only weights other than 1) and
 # ``running`` (user key -> messages in consumers' processing lists: what the running cap counts).
 # A user's list is named from its band's key inside the script: same hash tag, same slot.
 
-# KEYS: marker, band, rotation, seq, weights, wake. ARGV: message, marker TTL, force, user key,
-# weight.
+# KEYS: marker, band, rotation, seq, weights, wake, round. ARGV: message, marker TTL, force,
+# user key, weight.
 _PUSH = """
 if ARGV[3] == '1' then
   redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
@@ -50,7 +54,8 @@ if user == '' then
 else
   redis.call('RPUSH', KEYS[2] .. ':u:' .. user, ARGV[1])
   if not redis.call('ZSCORE', KEYS[3], user) then
-    redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[4]), user)
+    local round = tonumber(redis.call('GET', KEYS[7]) or '0')
+    redis.call('ZADD', KEYS[3], round * 1048576 + redis.call('INCR', KEYS[4]) % 1048576, user)
   end
   if ARGV[5] == '1' then
     redis.call('HDEL', KEYS[5], user)
@@ -64,16 +69,21 @@ return 1
 """
 
 # KEYS: processing, consumers, seq, weights, running, then per band (most urgent first): band,
-# rotation, turn. ARGV: consumer id, how many at most, the running cap (0: none). Registers the
-# consumer (for orphan recovery) in the same round trip; LMOVE in a script is as atomic as BLMOVE.
-# In each band: the shared list first, then the users in turn; a user at the cap goes to the back
-# of the rotation, its messages left waiting (each user passed over at most once per band).
+# rotation, turn, round. ARGV: consumer id, how many at most, the running cap (0: none).
+# Registers the consumer (for orphan recovery) in the same round trip; LMOVE in a script is as
+# atomic as BLMOVE. In each band: the shared list first, then the users in turn; a user at the cap
+# moves to its next round, its messages left waiting (each user passed over at most once per band
+# and pop).
 _POP = """
 redis.call('SADD', KEYS[2], ARGV[1])
 local processing, seq, weights, running = KEYS[1], KEYS[3], KEYS[4], KEYS[5]
 local taken, limit, cap = {}, tonumber(ARGV[2]), tonumber(ARGV[3])
-for b = 6, #KEYS, 3 do
-  local band, rotation, turn = KEYS[b], KEYS[b + 1], KEYS[b + 2]
+local function next_round(rotation, user, score)
+  local round = math.floor(tonumber(score) / 1048576) + 1
+  redis.call('ZADD', rotation, round * 1048576 + redis.call('INCR', seq) % 1048576, user)
+end
+for b = 6, #KEYS, 4 do
+  local band, rotation, turn, served = KEYS[b], KEYS[b + 1], KEYS[b + 2], KEYS[b + 3]
   while #taken < limit do
     local raw = redis.call('LMOVE', band, processing, 'LEFT', 'RIGHT')
     if not raw then break end
@@ -81,7 +91,8 @@ for b = 6, #KEYS, 3 do
   end
   local passes = math.min(512, redis.call('ZCARD', rotation))
   while #taken < limit and passes > 0 do
-    local user = redis.call('ZRANGE', rotation, 0, 0)[1]
+    local head = redis.call('ZRANGE', rotation, 0, 0, 'WITHSCORES')
+    local user, score = head[1], head[2]
     if not user then break end
     local list = band .. ':u:' .. user
     local raw = false
@@ -91,6 +102,7 @@ for b = 6, #KEYS, 3 do
     if raw then
       taken[#taken + 1] = raw
       redis.call('HINCRBY', running, user, 1)
+      redis.call('SET', served, math.floor(tonumber(score) / 1048576))
       local weight = tonumber(redis.call('HGET', weights, user) or '1')
       local turns = 1
       if weight > 1 then
@@ -101,7 +113,7 @@ for b = 6, #KEYS, 3 do
         redis.call('ZREM', rotation, user)
         if weight > 1 then redis.call('DEL', turn) end
       elseif turns >= weight then
-        redis.call('ZADD', rotation, redis.call('INCR', seq), user)
+        next_round(rotation, user, score)
         if weight > 1 then redis.call('DEL', turn) end
       else
         redis.call('SET', turn, user .. ' ' .. turns)
@@ -109,7 +121,7 @@ for b = 6, #KEYS, 3 do
     elseif redis.call('LLEN', list) == 0 then
       redis.call('ZREM', rotation, user)  -- nothing waiting (its list lost): out of the turns
     else
-      redis.call('ZADD', rotation, redis.call('INCR', seq), user)  -- at the cap: passed over
+      next_round(rotation, user, score)  -- at the cap: passed over, its messages left waiting
       passes = passes - 1
     end
   end
@@ -169,7 +181,7 @@ local function front(band, rotation, seq, raw, user)
   redis.call('LPUSH', band .. ':u:' .. user, raw)
   local head = redis.call('ZRANGE', rotation, 0, 0, 'WITHSCORES')
   if head[1] ~= user then
-    local score = head[2] and (tonumber(head[2]) - 1) or redis.call('INCR', seq)
+    local score = head[2] and (tonumber(head[2]) - 1) or (redis.call('INCR', seq) % 1048576)
     redis.call('ZADD', rotation, score, user)
   end
 end
@@ -422,6 +434,7 @@ class RedisQueue(Queue):
             self._key(tag, 'seq'),
             self._key(tag, 'weights'),
             self._key(tag, 'wake'),
+            band + ':round',
         ]
 
     def _push_args(self, message, force):
@@ -493,7 +506,7 @@ class RedisQueue(Queue):
             self._key(tag, 'seq'),
             self._key(tag, 'weights'),
             self._key(tag, 'running'),
-        ] + self._band_keys(tag, 'users', 'turn')
+        ] + self._band_keys(tag, 'users', 'turn', 'round')
 
     def _wait(self, wake_keys, remaining):
         """Sleep until a push wakes us (BLPOP on the shards' wake lists), then sweep again. One
