@@ -153,6 +153,11 @@ class Queue:
         messages moved."""
         raise NotImplementedError
 
+    def running(self, queue_name, user_key):
+        """Messages of this user (by user key) held in consumers' processing lists in this
+        queue: what AIJOB_MAX_RUNNING_PER_USER counts."""
+        raise NotImplementedError
+
     def has_entry(self, message):
         """Is a message for this job live (queued or being processed)?"""
         raise NotImplementedError
