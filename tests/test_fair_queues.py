@@ -274,3 +274,20 @@ def test_a_newcomer_goes_before_a_user_already_served_in_this_round(make_queue):
     push(queue, 'b', 2)
     push(queue, 'c', 2)
     assert [owner(d) for d in pops(queue, 6)] == ['b', 'c', 'a', 'b', 'c', 'a']
+
+
+def test_a_lost_round_key_gives_a_newcomer_one_turn_ahead_not_every_turn():
+    """Redis lost ``band:N:round`` alone (an eviction): a newcomer joins at most one round
+    behind the head, so it goes first once, then takes turns."""
+    require_servers('redis')
+    prefix = 'aijob-test-fair-round-%d' % time.monotonic_ns()
+    queue = RedisQueue(REDIS_URL, prefix=prefix)
+    try:
+        push(queue, 'a', 30)
+        assert len(pops(queue, 20)) == 20  # a's round is 20 now
+        queue.redis.delete(queue._bands('ai-interactive')[1] + ':round')
+        push(queue, 'b', 5)
+        assert ''.join(owner(d) for d in pops(queue, 6)) == 'bababa'
+    finally:
+        queue.close()
+        delete_redis_keys(prefix)

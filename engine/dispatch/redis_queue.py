@@ -54,7 +54,11 @@ if user == '' then
 else
   redis.call('RPUSH', KEYS[2] .. ':u:' .. user, ARGV[1])
   if not redis.call('ZSCORE', KEYS[3], user) then
+    -- The round being served; never more than one behind the head's (a lost round key must not
+    -- give a newcomer every turn until it catches up).
     local round = tonumber(redis.call('GET', KEYS[7]) or '0')
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')[2]
+    if head then round = math.max(round, math.floor(tonumber(head) / 1048576) - 1) end
     redis.call('ZADD', KEYS[3], round * 1048576 + redis.call('INCR', KEYS[4]) % 1048576, user)
   end
   if ARGV[5] == '1' then
