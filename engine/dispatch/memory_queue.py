@@ -99,9 +99,10 @@ class _Band:
             self.rotation.join(user)
 
     def take(self, capped, weight_of):
-        """The next message (None if none), passing over users for whom ``capped(user)``."""
+        """(user key, the next message), ('', None) if none, passing over users for whom
+        ``capped(user)``; the user key is '' for a message of the shared list."""
         if self.shared:
-            return self.shared.popleft()
+            return '', self.shared.popleft()
         for _ in range(len(self.rotation)):
             user = self.rotation.head()
             if capped(user):
@@ -119,8 +120,8 @@ class _Band:
             elif self.turns >= weight_of(user):
                 self.rotation.next_round(user)
                 self.turns = 0
-            return raw
-        return None
+            return user, raw
+        return '', None
 
     def clear(self):
         self.__init__()
@@ -179,11 +180,10 @@ class MemoryQueue(Queue):
         taken = []
         for band in self._bands[queue_name]:
             while len(taken) < limit:
-                raw = band.take(capped, lambda user: self._weights.get(user, 1))
+                user, raw = band.take(capped, lambda user: self._weights.get(user, 1))
                 if raw is None:
                     break
                 taken.append(raw)
-                user = Message.decode(raw).user_key
                 if user:
                     self._running[(queue_name, user)] += 1
         return taken
