@@ -6,9 +6,8 @@ A queue is spread over AIJOB_QUEUE_SHARDS shards, each with its own hash tag: ev
 shard is ``{prefix}:{tag}:…``, so each script's keys share one slot (architecture decisions 5 and
 13) and the shards of a queue spread over a Redis Cluster's nodes. A user's messages all go to one
 shard (chosen from the user key), so its turns and running count live in one slot. One shard
-keeps the unsharded
-tag (the queue's name), so a deployment upgraded in place keeps its messages. Redis errors stop at
-this edge as QueueUnavailableError.
+keeps the unsharded tag (the queue's name), so a deployment upgraded in place keeps its messages.
+Redis errors stop at this edge as QueueUnavailableError.
 
 The client speaks to whatever topology AIJOB_REDIS_URL names (redis_client): one server, a
 cluster, or a Sentinel-watched master. It is built at first use, so a process starts while Redis
@@ -357,7 +356,7 @@ class RedisQueue(Queue):
 
     def _band_keys(self, tag, *parts):
         """Per band, most urgent first: its shared list, then each of ``parts`` of it
-        ('users': the rotation, 'turn')."""
+        ('users': the rotation, 'turn', 'round')."""
         keys = []
         for band in self._bands(tag):
             keys += [band] + [band + ':' + part for part in parts]
