@@ -3,6 +3,7 @@ messages in turn, a user of weight w up to w in a row; on RedisQueue and MemoryQ
 with today's guarantees (processing list, ack, release, orphan recovery, has_entry) whole."""
 
 import itertools
+import threading
 import time
 
 import pytest
@@ -181,8 +182,6 @@ def test_an_ack_wakes_a_consumer_waiting_on_a_capped_user(make_queue):
     push(queue, 'a', 2)
     [first] = pops(queue, 1)
     assert pops(queue, 1) == []
-    import threading
-
     threading.Timer(0.2, lambda: queue.ack(first)).start()
     began = time.monotonic()
     second = queue.pop('ai-interactive', 'c2', timeout_s=30)

@@ -230,13 +230,14 @@ return moved
 """
 )
 
-# KEYS: running, then the processing lists of the shard's consumers. ``running`` counted again
-# from what the processing lists hold (the reaper's repair: a count left behind by a process
-# that died between two scripts, or by a Redis that lost some keys, is right again).
+# KEYS: running, consumers. ARGV: the name of a processing list without its consumer id.
+# ``running`` counted again from what the processing lists of the shard's consumers hold, all in
+# one script, so no pop can come between the count and the write (the reaper's repair: a count
+# left wrong by a Redis that lost some keys is right again).
 _RECOUNT = """
 local counts = {}
-for i = 2, #KEYS do
-  for _, raw in ipairs(redis.call('LRANGE', KEYS[i], 0, -1)) do
+for _, consumer in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  for _, raw in ipairs(redis.call('LRANGE', ARGV[1] .. consumer, 0, -1)) do
     local user = cjson.decode(raw)['userKey']
     if type(user) == 'string' and user ~= '' then counts[user] = (counts[user] or 0) + 1 end
   end
@@ -587,13 +588,12 @@ class RedisQueue(Queue):
         return moved
 
     def _recover_shard(self, tag, alive):
-        moved, live = 0, []
+        moved = 0
         consumers_key = self._key(tag, 'consumers')
         for consumer_id in self.redis.smembers(consumers_key):
             if consumer_id not in alive:
                 alive[consumer_id] = bool(self.redis.exists(self.heartbeat_key(consumer_id)))
             if alive[consumer_id]:
-                live.append(self._processing(tag, consumer_id))
                 continue
             keys = [
                 self._processing(tag, consumer_id),
@@ -603,7 +603,9 @@ class RedisQueue(Queue):
             ] + self._band_keys(tag, 'users')
             moved += int(self._script('recover')(keys=keys))
             self.redis.srem(consumers_key, consumer_id)
-        self._script('recount')(keys=[self._key(tag, 'running')] + live)
+        self._script('recount')(
+            keys=[self._key(tag, 'running'), consumers_key], args=[self._processing(tag, '')]
+        )
         return moved
 
     @translate_errors
