@@ -9,6 +9,7 @@ import time
 import pytest
 
 from engine.core.fairness import user_key
+from engine.core.outbox import WAKE_EVENT
 from engine.dispatch.memory_queue import MemoryQueue
 from engine.dispatch.queue import Message
 from engine.dispatch.redis_queue import RedisQueue
@@ -242,6 +243,35 @@ def test_messages_without_a_user_key_are_still_taken(make_queue):
     assert [d.message for d in taken][0] == legacy and len(taken) == 3
     queue.ack_many(taken)
     assert (queue.depth('ai-interactive'), queue.in_flight('ai-interactive')) == (0, 0)
+
+
+# ---------------------------------------------------------------- end to end: the dispatcher
+def test_an_event_without_a_user_key_gets_its_users_from_the_jobs_row(engine_rt):
+    """A wake-up written by a writer that does not know the user (a provider batch's) or an
+    event written before fair queues: the dispatcher reads the job's user, so the message takes
+    that user's turns and counts toward the cap."""
+    rt = engine_rt
+    job = create_job(rt, user_id='user-w', target_id='w')
+    rt.dispatcher.cycle()  # the create's own event
+    for delivery in pops(rt.queue, 5):
+        rt.queue.ack(delivery)
+    with rt.store.atomic() as tx:
+        rt.outbox.create_in_transaction(
+            tx,
+            event_type=WAKE_EVENT,
+            aggregate_type='AiJob',
+            aggregate_id=job.id,
+            dedupe_key='wake:%s:batch' % job.id,
+            payload={
+                'jobId': job.id,
+                'jobType': job.job_type,
+                'queueName': job.queue_name,
+                'priority': job.priority,
+            },
+        )
+    assert rt.dispatcher.cycle() == 1
+    [delivery] = pops(rt.queue, 5)
+    assert (delivery.message.job_id, delivery.message.user_key) == (job.id, user_key('user-w'))
 
 
 # ---------------------------------------------------------------- end to end: the reconciler
