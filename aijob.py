@@ -61,6 +61,7 @@ def cmd_bench(config, args):
         concurrency=args.concurrency,
         sleep_ms=args.sleep_ms,
         gateway=args.gateway,
+        users=args.users,
     )
 
 
@@ -84,6 +85,13 @@ def bench_args(parser):
         type=int,
         default=0,
         help='each job sleeps this long (synthetic input sleepMs; default 0: no-op jobs)',
+    )
+    parser.add_argument(
+        '--users',
+        type=int,
+        default=0,
+        help='spread the jobs over this many users, their admission limits lifted '
+        '(default 0: every job its own user)',
     )
 
 

@@ -15,6 +15,9 @@ from /proc for the whole server: other clients' load, and the bench's polls, cou
 
 ``--concurrency C`` runs C ai-interactive worker threads (AIJOB_INTERACTIVE_CONCURRENCY),
 ``--sleep-ms S`` makes every job sleep S ms (input ``{"sleepMs": S}``): the I/O-bound case.
+``--users N`` spreads the jobs over N users (job i is user i mod N; default: every job its own
+user), the per-user admission limits lifted for the run: what the queues' fair turns cost with
+one user, with a few, with many.
 
 ``--gateway`` turns on every guard of the gateway (docs/architecture.md, decision 17) around the
 synthetic call: a price for it, a global daily budget it never reaches (each call reserves and
@@ -76,13 +79,16 @@ def gateway_config(environ):
     return load_config(environ)
 
 
-def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False):
+def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False, users=0):
     """``rate`` > 0 paces creation at that many jobs per second (latency below saturation);
     0 creates them all at once (throughput, where create→running is mostly queueing).
     ``concurrency`` (default: the configured AIJOB_INTERACTIVE_CONCURRENCY) is the worker's
-    ai-interactive thread count; ``sleep_ms`` > 0 makes each job sleep that long."""
+    ai-interactive thread count; ``sleep_ms`` > 0 makes each job sleep that long; ``users`` > 0
+    spreads the jobs over that many users (their admission limits lifted)."""
     if concurrency:
         config = Config(dict(vars(config), interactive_concurrency=int(concurrency)))
+    if users:
+        config = Config(dict(vars(config), max_active_jobs_per_user=0, daily_job_quota=0))
     runtime = Runtime(config, role='bench')
     runtime.create_schema()
     job_type = 'synthetic'
@@ -99,7 +105,7 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False)
         round_trips_before = runtime.store.round_trip_count()
         cpu_before = time.process_time()
         db_cpu.start()
-        ids = _create(runtime, jobs, rate, sleep_ms, job_type)
+        ids = _create(runtime, jobs, rate, sleep_ms, job_type, users)
         timeout_s = max(60.0, jobs * 0.2) + 1.5 * jobs * sleep_ms / 1000.0 / max(
             1, config.interactive_concurrency
         )
@@ -116,6 +122,7 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False)
         worker_counts = worker.stop()
     totals = {name: own[name] + worker_counts[name] for name in own}
     figures = _figures(runtime, ids, totals, rate, sleep_ms)
+    figures['users'] = users or jobs
     if isinstance(worker, _WorkerProcess):
         figures['bench_cpu_ms_per_job'] = round(own['cpu_ms'] / len(ids), 3)
         figures['worker_cpu_ms_per_job'] = round(worker_counts['cpu_ms'] / len(ids), 3)
@@ -141,7 +148,7 @@ def run_bench(config, jobs, rate=0, concurrency=None, sleep_ms=0, gateway=False)
     return 0 if figures['succeeded'] == jobs else 1
 
 
-def _create(runtime, jobs, rate, sleep_ms, job_type='synthetic'):
+def _create(runtime, jobs, rate, sleep_ms, job_type='synthetic', users=0):
     """``jobs`` jobs from CREATORS threads; a bench told to stop (an exception in this thread,
     such as _exit_on_sigterm's) stops them first, so none creates on without the bench."""
     ids = [None] * jobs
@@ -159,7 +166,7 @@ def _create(runtime, jobs, rate, sleep_ms, job_type='synthetic'):
                 if stop.is_set():
                     return
                 request = CreateJobInput(
-                    user_id='bench-%d' % i,
+                    user_id='bench-%d' % (i % users if users else i),
                     job_type=job_type,
                     target_type='bench',
                     target_id=str(i),

@@ -43,9 +43,15 @@ def instance_id(role):
 
 def open_queue(config):
     """RedisQueue when AIJOB_REDIS_URL is set, else the in-process MemoryQueue."""
+    fair = {
+        'user_weights': config.user_weights,
+        'max_running_per_user': config.max_running_per_user,
+    }
     if config.redis_url:
-        return RedisQueue(config.redis_url, prefix=config.redis_prefix, shards=config.queue_shards)
-    return MemoryQueue()
+        return RedisQueue(
+            config.redis_url, prefix=config.redis_prefix, shards=config.queue_shards, **fair
+        )
+    return MemoryQueue(**fair)
 
 
 def load_job_types(config, registry, ai):

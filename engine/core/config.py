@@ -205,6 +205,17 @@ def json_object_or_file(value):
     return json_object_or_empty(value.strip() or '{}')
 
 
+def user_weights(value):
+    """AIJOB_USER_WEIGHTS: a JSON object {user id: whole number 1-100} ({} when unset)."""
+    parsed = json_object_or_empty(value) or {}
+    for user, weight in parsed.items():
+        if not user or isinstance(weight, bool) or not isinstance(weight, int):
+            raise ValueError('expected {"user id": whole number 1-100, ...}')
+        if not 1 <= weight <= 100:
+            raise ValueError('the weight of a user must be 1-100')
+    return parsed
+
+
 def key_prefix(value):
     if not re.match(r'^[A-Za-z0-9_.:-]{1,64}$', value):
         raise ValueError('expected 1-64 letters, digits or _.:-')
@@ -250,9 +261,24 @@ SETTINGS = (
         'AIJOB_QUEUE_SHARDS',
         '1',
         shard_count,
-        "Redis lists (hash tags) each queue is spread over, a job's shard chosen from its id; "
+        "Redis lists (hash tags) each queue is spread over, a job's shard chosen from its user; "
         'raise it to spread a queue over the nodes of a Redis Cluster. Changing it loses '
         'nothing: consumers drain the shards of the old count too.',
+    ),
+    Setting(
+        'AIJOB_USER_WEIGHTS',
+        '',
+        user_weights,
+        'Fair share: JSON {"user id": weight}; within each queue and priority band workers take '
+        'jobs round-robin over the users with jobs waiting, a user of weight w taking up to w '
+        'turns in a row (default 1).',
+    ),
+    Setting(
+        'AIJOB_MAX_RUNNING_PER_USER',
+        '0',
+        non_negative_int,
+        "At most this many of one user's jobs running at once over every worker; the user's "
+        'other jobs stay queued (no thread held, no attempt spent). 0: no cap.',
     ),
     Setting(
         'AIJOB_LEADER_LEASE_MS',

@@ -55,7 +55,12 @@ class FencedWrites:
             insert_events(self.store, [event])
             job = (
                 AiJob.select(
-                    AiJob.id, AiJob.job_type, AiJob.queue_name, AiJob.priority, AiJob.attempt_no
+                    AiJob.id,
+                    AiJob.job_type,
+                    AiJob.queue_name,
+                    AiJob.priority,
+                    AiJob.attempt_no,
+                    AiJob.user_id,  # the wake-up's message names its user's queue key
                 )
                 .where(AiJob.id == job_id)
                 .get()

@@ -1,6 +1,7 @@
 """OutboxRepository (contracts §4): events written in the same transaction as the job, then claimed
 by compare-and-set before they are pushed to a queue, so a push happens once per claim."""
 
+from .fairness import user_key
 from .history import DISPATCHED, NewEvent, insert_events
 from .models import OutboxEvent
 from .sql import Statement, insert_row, placeholders, statement
@@ -157,6 +158,7 @@ class OutboxRepository:
             'jobType': job.job_type,
             'queueName': job.queue_name,
             'priority': job.priority,
+            'userKey': user_key(job.user_id),
         }
         dedupe_key = '%s:%s:%d' % (WAKE_EVENT, job.id, job.attempt_no)
         params = (WAKE_EVENT, 'AiJob', job.id, dedupe_key, OutboxEvent.payload.db_value(payload))

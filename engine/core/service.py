@@ -17,6 +17,7 @@ from .errors import (
     QuotaExceededError,
     TooManyJobsError,
 )
+from .fairness import user_key
 from .groupcommit import GroupCommit
 from .history import CREATED, DISPATCHED, RETRIED, NewEvent, insert_events
 from .models import AiJob, AiJobSnapshot, canonical_hash, new_id
@@ -389,12 +390,14 @@ def creation_events(job, claimed_by, retried_attempt=None):
 
 
 def enqueue_payload(job):
-    """contracts §8.5: the event carries ids only — no user, credential or snapshot content."""
+    """contracts §8.5: the event carries ids only — no user, credential or snapshot content;
+    the user's opaque queue key (core/fairness.py) for the queue's fair turns."""
     return {
         'jobId': job.id,
         'jobType': job.job_type,
         'queueName': job.queue_name,
         'priority': job.priority,
+        'userKey': user_key(job.user_id),
     }
 
 

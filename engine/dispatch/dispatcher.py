@@ -13,7 +13,9 @@ import threading
 import time
 
 from ..core.errors import QueueUnavailableError
+from ..core.fairness import user_key
 from ..core.logs import log_event
+from ..core.models import AiJob
 from ..core.outbox import ENQUEUE_EVENT, WAKE_EVENT
 from .queue import Message
 
@@ -67,6 +69,7 @@ class OutboxDispatcher:
         rejection (a bad payload) counted toward dead; or, when the queue is unreachable, every
         event handed back uncounted. Returns how many were published."""
         published, sendable = [], []
+        known_users = user_keys_missing_from(events)
         for event in events:
             if event.event_type not in (ENQUEUE_EVENT, WAKE_EVENT):
                 log_event(
@@ -78,7 +81,8 @@ class OutboxDispatcher:
                 published.append(event.id)  # nothing to push: done with it
                 continue
             try:
-                sendable.append((event.id, message_for(event.payload), event.event_type))
+                message = message_for(event.payload, known_users)
+                sendable.append((event.id, message, event.event_type))
             except (KeyError, TypeError, ValueError) as exc:
                 reason = 'DISPATCH_FAILED: bad payload (%s)' % exc.__class__.__name__
                 self.outbox.mark_failed(event.id, claimer, reason, self.retry_delay_ms)
@@ -154,10 +158,34 @@ class OutboxDispatcher:
                 pass  # a full batch: there may be more due right now
 
 
-def message_for(payload):
+def message_for(payload, known_users=None):
+    """The queue message of an enqueue or wake-up event, with its user's key: the payload's,
+    else ``known_users``' (user_keys_missing_from), else none (the message waits in its band's
+    shared list, taken before the users' turns)."""
+    job_id = payload['jobId']
     return Message.for_job(
-        payload['jobId'], payload['jobType'], payload['queueName'], payload['priority']
+        job_id,
+        payload['jobType'],
+        payload['queueName'],
+        payload['priority'],
+        payload.get('userKey') or (known_users or {}).get(job_id, ''),
     )
+
+
+def user_keys_missing_from(events):
+    """{job id: user key} of the events whose payload names no user key (written before fair
+    queues, or by a writer that does not know the job's user: a provider batch's wake-up), read
+    from their jobs' rows in one query, so their messages take their users' turns and count
+    toward the running cap. No query when every event has its key (a create's, a deferral's)."""
+    missing = [
+        e.payload['jobId']
+        for e in events
+        if isinstance(e.payload, dict) and e.payload.get('jobId') and not e.payload.get('userKey')
+    ]
+    if not missing:
+        return {}
+    rows = AiJob.select(AiJob.id, AiJob.user_id).where(AiJob.id.in_(missing)).tuples()
+    return {job_id: user_key(user_id) for job_id, user_id in rows}
 
 
 class PublishMarks:

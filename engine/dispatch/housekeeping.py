@@ -12,6 +12,7 @@ from ..core.errors import (
     JobLockConflictError,
     QueueUnavailableError,
 )
+from ..core.fairness import user_key
 from ..core.fences import ExpiredLockFence
 from ..core.logs import log_event
 from ..core.signals import SILENT
@@ -19,7 +20,9 @@ from .queue import Message
 
 
 def message_for_job(job):
-    return Message.for_job(job.id, job.job_type, job.queue_name, job.priority)
+    return Message.for_job(
+        job.id, job.job_type, job.queue_name, job.priority, user_key(job.user_id)
+    )
 
 
 class Reaper:

@@ -1,11 +1,130 @@
-"""The in-process queue of the embedded default: the same contract as Redis, for one process."""
+"""The in-process queue of the embedded default: the same contract as Redis, for one process,
+fair per user the same way (a shared list, then the users' turns, in each priority band)."""
 
 import collections
+import heapq
+import itertools
 import threading
 import time
 
+from ..core.fairness import weights_by_key
 from ..core.registry import QUEUE_NAMES
 from .queue import BANDS, Delivery, Message, Queue, band_of
+
+
+class _Rotation:
+    """The users with messages waiting, in turn order: the lowest (round, arrival) first. A user
+    whose turn ends moves to its next round; a user who arrives joins the round being served
+    (``served``: the round of the last message taken), after those already in it. A heap with
+    stale entries skipped on the way."""
+
+    def __init__(self):
+        self.served = 0
+        self._heap = []
+        self._entry = {}  # user -> its (round, arrival) in the heap
+        self._arrivals = itertools.count()
+
+    def __contains__(self, user):
+        return user in self._entry
+
+    def __len__(self):
+        return len(self._entry)
+
+    def head(self):
+        while self._heap:
+            round_, arrival, user = self._heap[0]
+            if self._entry.get(user) == (round_, arrival):
+                return user
+            heapq.heappop(self._heap)  # stale: the user moved or left
+        return None
+
+    def join(self, user):
+        """A user with a first message waiting: into the round being served."""
+        if user not in self._entry:
+            self._place(user, self.served)
+
+    def round_of(self, user):
+        return self._entry[user][0]
+
+    def next_round(self, user):
+        self._place(user, self._entry[user][0] + 1)
+
+    def to_front(self, user):
+        """Before the head (a message handed back: its user's turn is given back)."""
+        head = self.head()
+        if head is None:
+            self._place(user, 0)
+        elif head != user:
+            round_, arrival = self._entry[head]
+            self._entry[user] = (round_, arrival - 0.5)
+            heapq.heappush(self._heap, (round_, arrival - 0.5, user))
+
+    def leave(self, user):
+        self._entry.pop(user, None)
+
+    def _place(self, user, round_):
+        self._entry[user] = (round_, next(self._arrivals))
+        heapq.heappush(self._heap, self._entry[user] + (user,))
+
+
+class _Band:
+    """One priority band of one queue: the shared list (messages without a user key), each
+    user's own list, and the rotation of the users with messages waiting (``turns`` counts the
+    head's turns in a row, for weights)."""
+
+    def __init__(self):
+        self.shared = collections.deque()
+        self.users = {}  # user key -> deque of raw messages, never empty
+        self.rotation = _Rotation()
+        self.turns = 0
+
+    def __len__(self):
+        return len(self.shared) + sum(len(waiting) for waiting in self.users.values())
+
+    def add(self, user, raw, front=False):
+        if not user:
+            if front:
+                self.shared.appendleft(raw)
+            else:
+                self.shared.append(raw)
+            return
+        waiting = self.users.setdefault(user, collections.deque())
+        if front:  # a message handed back goes first, and its user's turn with it
+            waiting.appendleft(raw)
+            if self.rotation.head() != user:
+                self.rotation.to_front(user)
+                self.turns = 0
+        else:
+            waiting.append(raw)
+            self.rotation.join(user)
+
+    def take(self, capped, weight_of):
+        """(user key, the next message), ('', None) if none, passing over users for whom
+        ``capped(user)``; the user key is '' for a message of the shared list."""
+        if self.shared:
+            return '', self.shared.popleft()
+        for _ in range(len(self.rotation)):
+            user = self.rotation.head()
+            if capped(user):
+                self.rotation.next_round(user)  # its messages stay; the next user's turn
+                self.turns = 0
+                continue
+            waiting = self.users[user]
+            raw = waiting.popleft()
+            self.rotation.served = self.rotation.round_of(user)
+            self.turns += 1
+            if not waiting:
+                del self.users[user]
+                self.rotation.leave(user)
+                self.turns = 0
+            elif self.turns >= weight_of(user):
+                self.rotation.next_round(user)
+                self.turns = 0
+            return user, raw
+        return '', None
+
+    def clear(self):
+        self.__init__()
 
 
 class MemoryQueue(Queue):
@@ -13,14 +132,17 @@ class MemoryQueue(Queue):
     serve`` without Redis). Nothing survives a restart, which the reconciler covers: the
     database still says which jobs are queued."""
 
-    def __init__(self):
+    def __init__(self, user_weights=None, max_running_per_user=0):
         self._lock = threading.Condition()
-        self._bands = {q: [collections.deque() for _ in range(BANDS)] for q in QUEUE_NAMES}
+        self._bands = {q: [_Band() for _ in range(BANDS)] for q in QUEUE_NAMES}
         self._processing = collections.defaultdict(list)  # (queue, consumer) -> [raw]
+        self._running = collections.Counter()  # (queue, user key) -> messages being processed
         self._markers = {}  # queue job id -> raw
         self._heartbeats = {}  # consumer -> monotonic expiry
         self._cancels = {}  # job id -> monotonic expiry
         self._epoch = 1
+        self._weights = weights_by_key(user_weights)
+        self.max_running_per_user = max_running_per_user
 
     def push(self, message, force=False):
         with self._lock:
@@ -28,7 +150,7 @@ class MemoryQueue(Queue):
                 return False
             raw = message.encode()
             self._markers[message.queue_job_id] = raw
-            self._bands[message.queue_name][band_of(message.priority)].append(raw)
+            self._band(message).add(message.user_key, raw)
             self._lock.notify_all()  # consumers of both queues share the condition
             return True
 
@@ -40,10 +162,7 @@ class MemoryQueue(Queue):
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while True:
-                taken = []
-                for band in self._bands[queue_name]:
-                    while band and len(taken) < limit:
-                        taken.append(band.popleft())
+                taken = self._take(queue_name, limit)
                 if taken:
                     self._processing[(queue_name, consumer_id)].extend(taken)
                     return [Delivery(Message.decode(raw), raw, consumer_id) for raw in taken]
@@ -51,6 +170,23 @@ class MemoryQueue(Queue):
                 if remaining <= 0:
                     return []
                 self._lock.wait(remaining)
+
+    def _take(self, queue_name, limit):
+        cap = self.max_running_per_user
+
+        def capped(user):
+            return cap > 0 and self._running[(queue_name, user)] >= cap
+
+        taken = []
+        for band in self._bands[queue_name]:
+            while len(taken) < limit:
+                user, raw = band.take(capped, lambda user: self._weights.get(user, 1))
+                if raw is None:
+                    break
+                taken.append(raw)
+                if user:
+                    self._running[(queue_name, user)] += 1
+        return taken
 
     def ack(self, delivery):
         m = delivery.message
@@ -60,10 +196,9 @@ class MemoryQueue(Queue):
                 del self._markers[m.queue_job_id]
 
     def release(self, delivery):
-        m = delivery.message
         with self._lock:
             if self._remove_processing(delivery):
-                self._bands[m.queue_name][band_of(m.priority)].appendleft(delivery.raw)
+                self._band(delivery.message).add(delivery.message.user_key, delivery.raw, True)
                 self._lock.notify_all()
 
     def heartbeat(self, consumer_id, ttl_ms):
@@ -78,7 +213,9 @@ class MemoryQueue(Queue):
                 if self._heartbeats.get(consumer_id, 0) > now:
                     continue
                 for raw in reversed(raws):
-                    self._bands[queue_name][band_of(Message.decode(raw).priority)].appendleft(raw)
+                    message = Message.decode(raw)
+                    self._finished(message)
+                    self._band(message).add(message.user_key, raw, front=True)
                     moved += 1
                 del self._processing[(queue_name, consumer_id)]
             if moved:
@@ -88,6 +225,11 @@ class MemoryQueue(Queue):
     def has_entry(self, message):
         with self._lock:
             return message.queue_job_id in self._markers
+
+    def running(self, queue_name, user_key):
+        """Messages of this user being processed in this queue (what the cap counts)."""
+        with self._lock:
+            return self._running[(queue_name, user_key)]
 
     def signal_cancel(self, job_id, ttl_s=300):
         with self._lock:
@@ -130,11 +272,27 @@ class MemoryQueue(Queue):
                 for band in bands:
                     band.clear()
             self._processing.clear()
+            self._running.clear()
             self._markers.clear()
 
+    def _band(self, message):
+        return self._bands[message.queue_name][band_of(message.priority)]
+
     def _remove_processing(self, delivery):
+        """Take a delivery out of its consumer's list; True if it was there (and then its
+        user's running count drops, and a user at the cap may be waited for: wake)."""
         raws = self._processing.get((delivery.message.queue_name, delivery.consumer_id), [])
         if delivery.raw in raws:
             raws.remove(delivery.raw)
+            self._finished(delivery.message)
             return True
         return False
+
+    def _finished(self, message):
+        key = (message.queue_name, message.user_key)
+        if message.user_key and self._running[key] > 0:
+            self._running[key] -= 1
+            if not self._running[key]:
+                del self._running[key]
+            if self.max_running_per_user:
+                self._lock.notify_all()  # a consumer may have passed this user over

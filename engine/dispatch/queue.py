@@ -6,7 +6,12 @@ do is lose a message when a consumer dies: a pop moves the message atomically in
 processing list, an ack removes it, and the processing list of a consumer whose heartbeat expired is
 moved back (architecture decision 5).
 
-Priority is honoured in three bands (0–32, 33–65, 66–100), each FIFO; lower numbers first.
+Priority is honoured in three bands (0–32, 33–65, 66–100); lower numbers first. Within a band
+the queue is fair per user (architecture, "Queues"): each user's messages wait in a list of their
+own, FIFO, and consumers take from the users with messages waiting in turn (a user of weight w
+takes up to w turns in a row). With a running cap (AIJOB_MAX_RUNNING_PER_USER) a user holding
+that many messages in consumers' processing lists is passed over: their messages stay queued.
+A message names its user by an opaque key (core/fairness.py), never the user id.
 """
 
 import json
@@ -31,31 +36,33 @@ def queue_job_id(queue_name, job_type, job_id):
 
 @dataclass(frozen=True)
 class Message:
-    """contracts §3.2's payload plus routing; ids only, never input, user or credential."""
+    """contracts §3.2's payload plus routing; ids only, never input, user id or credential.
+    ``user_key`` is the user's opaque key (core/fairness.py; '' for a message pushed without
+    one: it waits in its band's shared list, taken before the users' turns)."""
 
     job_id: str
     job_type: str
     queue_name: str
     priority: int
     created_at: float
+    user_key: str = ''
 
     @property
     def queue_job_id(self):
         return queue_job_id(self.queue_name, self.job_type, self.job_id)
 
     def encode(self):
-        return json.dumps(
-            {
-                'jobId': self.job_id,
-                'jobType': self.job_type,
-                'queueName': self.queue_name,
-                'priority': self.priority,
-                'idempotencyKey': self.queue_job_id,
-                'createdAt': self.created_at,
-            },
-            separators=(',', ':'),
-            sort_keys=True,
-        )
+        data = {
+            'jobId': self.job_id,
+            'jobType': self.job_type,
+            'queueName': self.queue_name,
+            'priority': self.priority,
+            'idempotencyKey': self.queue_job_id,
+            'createdAt': self.created_at,
+        }
+        if self.user_key:
+            data['userKey'] = self.user_key
+        return json.dumps(data, separators=(',', ':'), sort_keys=True)
 
     @classmethod
     def decode(cls, raw):
@@ -66,13 +73,14 @@ class Message:
             data['queueName'],
             int(data['priority']),
             float(data['createdAt']),
+            str(data.get('userKey') or ''),
         )
 
     @classmethod
-    def for_job(cls, job_id, job_type, queue_name, priority):
+    def for_job(cls, job_id, job_type, queue_name, priority, user_key=''):
         if queue_name not in QUEUE_NAMES:
             raise ValueError('unknown queue %r' % (queue_name,))
-        return cls(job_id, job_type, queue_name, int(priority), time.time())
+        return cls(job_id, job_type, queue_name, int(priority), time.time(), user_key or '')
 
 
 @dataclass(frozen=True)
@@ -101,14 +109,17 @@ class Queue:
         return [self.push(message) for message in messages]
 
     def pop(self, queue_name, consumer_id, timeout_s):
-        """Move the most urgent message into the consumer's processing list and return its
-        Delivery, waiting up to ``timeout_s``; None if nothing came."""
+        """Move the next message into the consumer's processing list and return its Delivery,
+        waiting up to ``timeout_s``; None if nothing came. The next message: the most urgent
+        band first; within it the shared list, then the user whose turn it is (passing over
+        users at the running cap)."""
         raise NotImplementedError
 
     def pop_many(self, queue_name, consumer_id, limit, timeout_s):
-        """Up to ``limit`` deliveries, most urgent first, each moved into the consumer's
-        processing list as ``pop`` does; waits up to ``timeout_s`` for the first and not at all
-        for the rest. Backends override it to take them in one round trip."""
+        """Up to ``limit`` deliveries, in ``pop``'s order (the users' turns move within the
+        batch), each moved into the consumer's processing list as ``pop`` does; waits up to
+        ``timeout_s`` for the first and not at all for the rest. Backends override it to take
+        them in one round trip."""
         first = self.pop(queue_name, consumer_id, timeout_s)
         if first is None:
             return []
@@ -140,6 +151,11 @@ class Queue:
     def recover_orphans(self):
         """Move back the processing lists of consumers whose heartbeat expired; return how many
         messages moved."""
+        raise NotImplementedError
+
+    def running(self, queue_name, user_key):
+        """Messages of this user (by user key) held in consumers' processing lists in this
+        queue: what AIJOB_MAX_RUNNING_PER_USER counts."""
         raise NotImplementedError
 
     def has_entry(self, message):

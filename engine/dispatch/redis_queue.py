@@ -1,11 +1,13 @@
-"""The Redis-list queue: reliable pops into a per-consumer processing list, priority bands, an
-idempotent push, orphan recovery and the cancel fast path, each an atomic Lua script.
+"""The Redis-list queue: reliable pops into a per-consumer processing list, priority bands, fair
+turns per user within each band (with weights and a running cap), an idempotent push, orphan
+recovery and the cancel fast path, each an atomic Lua script.
 
 A queue is spread over AIJOB_QUEUE_SHARDS shards, each with its own hash tag: every key of a
 shard is ``{prefix}:{tag}:…``, so each script's keys share one slot (architecture decisions 5 and
-13) and the shards of a queue spread over a Redis Cluster's nodes. One shard keeps the unsharded
-tag (the queue's name), so a deployment upgraded in place keeps its messages. Redis errors stop at
-this edge as QueueUnavailableError.
+13) and the shards of a queue spread over a Redis Cluster's nodes. A user's messages all go to one
+shard (chosen from the user key), so its turns and running count live in one slot. One shard
+keeps the unsharded tag (the queue's name), so a deployment upgraded in place keeps its messages.
+Redis errors stop at this edge as QueueUnavailableError.
 
 The client speaks to whatever topology AIJOB_REDIS_URL names (redis_client): one server, a
 cluster, or a Sentinel-watched master. It is built at first use, so a process starts while Redis
@@ -20,86 +22,242 @@ import zlib
 from dataclasses import dataclass
 
 from ..core.errors import QueueUnavailableError
+from ..core.fairness import weights_by_key
 from ..core.registry import QUEUE_NAMES
 from .queue import BANDS, Delivery, Message, Queue, band_of
 from .redis_client import connect, is_cluster, translate_errors
 
-# KEYS: marker, band, wake. ARGV: message, marker TTL, force.
+# Per shard ({tag}) and priority band: the band's shared list ``band:N`` (messages without a user
+# key, and those of a deployment before fair queues), each user's list ``band:N:u:USERKEY``, the
+# rotation ``band:N:users``, ``band:N:turn`` ("USERKEY n": the head user's turns in a row, for
+# weights) and ``band:N:round`` (the round of the last message taken). The rotation is a sorted
+# set of the users with messages waiting, scored ROUND * 2^20 + a number from the shard's ``seq``
+# counter (arrival order within a round): the lowest score has the turn. A user whose turn ends
+# moves to its next round; a user who arrives joins the round being served, so a newcomer goes
+# before the users already served in it (start-time fair queueing, in whole turns).
+# Per shard: ``weights`` (user key -> weight, only weights other than 1) and
+# ``running`` (user key -> messages in consumers' processing lists: what the running cap counts).
+# A user's list is named from its band's key inside the script: same hash tag, same slot.
+
+# KEYS: marker, band, rotation, seq, weights, wake, round. ARGV: message, marker TTL, force,
+# user key, weight.
 _PUSH = """
 if ARGV[3] == '1' then
   redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 elseif not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
   return 0
 end
-redis.call('RPUSH', KEYS[2], ARGV[1])
-redis.call('LPUSH', KEYS[3], '1')
-redis.call('LTRIM', KEYS[3], 0, 63)
+local user = ARGV[4]
+if user == '' then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+else
+  redis.call('RPUSH', KEYS[2] .. ':u:' .. user, ARGV[1])
+  if not redis.call('ZSCORE', KEYS[3], user) then
+    -- The round being served; never more than one behind the head's (a lost round key must not
+    -- give a newcomer every turn until it catches up).
+    local round = tonumber(redis.call('GET', KEYS[7]) or '0')
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')[2]
+    if head then round = math.max(round, math.floor(tonumber(head) / 1048576) - 1) end
+    redis.call('ZADD', KEYS[3], round * 1048576 + redis.call('INCR', KEYS[4]) % 1048576, user)
+  end
+  if ARGV[5] == '1' then
+    redis.call('HDEL', KEYS[5], user)
+  else
+    redis.call('HSET', KEYS[5], user, ARGV[5])
+  end
+end
+redis.call('LPUSH', KEYS[6], '1')
+redis.call('LTRIM', KEYS[6], 0, 63)
 return 1
 """
 
-# KEYS: bands (most urgent first)..., processing, consumers. ARGV: consumer id. Registers the
-# consumer (for orphan recovery) in the same round trip; LMOVE in a script is as atomic as BLMOVE.
+# KEYS: processing, consumers, seq, weights, running, then per band (most urgent first): band,
+# rotation, turn, round. ARGV: consumer id, how many at most, the running cap (0: none).
+# Registers the consumer (for orphan recovery) in the same round trip; LMOVE in a script is as
+# atomic as BLMOVE. In each band: the shared list first, then the users in turn; a user at the cap
+# moves to its next round, its messages left waiting (each user passed over at most once per band
+# and pop).
 _POP = """
-redis.call('SADD', KEYS[#KEYS], ARGV[1])
-for i = 1, #KEYS - 2 do
-  local raw = redis.call('LMOVE', KEYS[i], KEYS[#KEYS - 1], 'LEFT', 'RIGHT')
-  if raw then return raw end
+redis.call('SADD', KEYS[2], ARGV[1])
+local processing, seq, weights, running = KEYS[1], KEYS[3], KEYS[4], KEYS[5]
+local taken, limit, cap = {}, tonumber(ARGV[2]), tonumber(ARGV[3])
+local function next_round(rotation, user, score)
+  local round = math.floor(tonumber(score) / 1048576) + 1
+  redis.call('ZADD', rotation, round * 1048576 + redis.call('INCR', seq) % 1048576, user)
 end
-return false
-"""
-
-# KEYS: bands (most urgent first)..., processing, consumers. ARGV: consumer id, how many at most.
-_POP_MANY = """
-redis.call('SADD', KEYS[#KEYS], ARGV[1])
-local taken, limit = {}, tonumber(ARGV[2])
-for i = 1, #KEYS - 2 do
+for b = 6, #KEYS, 4 do
+  local band, rotation, turn, served = KEYS[b], KEYS[b + 1], KEYS[b + 2], KEYS[b + 3]
   while #taken < limit do
-    local raw = redis.call('LMOVE', KEYS[i], KEYS[#KEYS - 1], 'LEFT', 'RIGHT')
+    local raw = redis.call('LMOVE', band, processing, 'LEFT', 'RIGHT')
     if not raw then break end
     taken[#taken + 1] = raw
+  end
+  local passes = math.min(512, redis.call('ZCARD', rotation))
+  while #taken < limit and passes > 0 do
+    local head = redis.call('ZRANGE', rotation, 0, 0, 'WITHSCORES')
+    local user, score = head[1], head[2]
+    if not user then break end
+    local list = band .. ':u:' .. user
+    local raw = false
+    if cap == 0 or tonumber(redis.call('HGET', running, user) or '0') < cap then
+      raw = redis.call('LMOVE', list, processing, 'LEFT', 'RIGHT')
+    end
+    if raw then
+      taken[#taken + 1] = raw
+      redis.call('HINCRBY', running, user, 1)
+      redis.call('SET', served, math.floor(tonumber(score) / 1048576))
+      local weight = tonumber(redis.call('HGET', weights, user) or '1')
+      local turns = 1
+      if weight > 1 then
+        local who, n = string.match(redis.call('GET', turn) or '', '^(%S+) (%d+)$')
+        if who == user then turns = tonumber(n) + 1 end
+      end
+      if redis.call('LLEN', list) == 0 then
+        redis.call('ZREM', rotation, user)
+        if weight > 1 then redis.call('DEL', turn) end
+      elseif turns >= weight then
+        next_round(rotation, user, score)
+        if weight > 1 then redis.call('DEL', turn) end
+      else
+        redis.call('SET', turn, user .. ' ' .. turns)
+      end
+    elseif redis.call('LLEN', list) == 0 then
+      redis.call('ZREM', rotation, user)  -- nothing waiting (its list lost): out of the turns
+    else
+      next_round(rotation, user, score)  -- at the cap: passed over, its messages left waiting
+      passes = passes - 1
+    end
   end
 end
 return taken
 """
 
-_ACK = """
-redis.call('LREM', KEYS[1], 1, ARGV[1])
+# The drop of a message's user from ``running`` (KEYS[k]) once its message left a processing
+# list, and a wake-up when that user was at the cap (a consumer may have passed it over).
+_DONE = """
+local function done(running, wake, user, cap)
+  if user == '' then return end
+  local left = redis.call('HINCRBY', running, user, -1)
+  if left <= 0 then redis.call('HDEL', running, user) end
+  if cap > 0 and left + 1 >= cap then
+    redis.call('LPUSH', wake, '1')
+    redis.call('LTRIM', wake, 0, 63)
+  end
+end
+"""
+
+# KEYS: processing, marker, running, wake. ARGV: message, user key, cap.
+_ACK = (
+    _DONE
+    + """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
+  done(KEYS[3], KEYS[4], ARGV[2], tonumber(ARGV[3]))
+end
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 return 1
 """
+)
 
-# KEYS: processing, then one marker per message. ARGV: the messages, in the markers' order.
-_ACK_MANY = """
-for i = 1, #ARGV do
-  redis.call('LREM', KEYS[1], 1, ARGV[i])
-  if redis.call('GET', KEYS[i + 1]) == ARGV[i] then redis.call('DEL', KEYS[i + 1]) end
+# KEYS: processing, running, wake, then one marker per message. ARGV: cap, then each message and
+# its user key, in the markers' order.
+_ACK_MANY = (
+    _DONE
+    + """
+local cap = tonumber(ARGV[1])
+for i = 1, #KEYS - 3 do
+  local raw, user = ARGV[2 * i], ARGV[2 * i + 1]
+  if redis.call('LREM', KEYS[1], 1, raw) == 1 then done(KEYS[2], KEYS[3], user, cap) end
+  if redis.call('GET', KEYS[i + 3]) == raw then redis.call('DEL', KEYS[i + 3]) end
 end
-return #ARGV
+return #KEYS - 3
+"""
+)
+
+# Back to the front of its user's list, and its user to the front of the rotation: a message
+# handed back goes first, as before fair queues (the turn it was taken on is given back).
+_FRONT = """
+local function front(band, rotation, seq, raw, user)
+  if user == '' then
+    redis.call('LPUSH', band, raw)
+    return
+  end
+  redis.call('LPUSH', band .. ':u:' .. user, raw)
+  local head = redis.call('ZRANGE', rotation, 0, 0, 'WITHSCORES')
+  if head[1] ~= user then
+    local score = head[2] and (tonumber(head[2]) - 1) or (redis.call('INCR', seq) % 1048576)
+    redis.call('ZADD', rotation, score, user)
+  end
+end
 """
 
-_RELEASE = """
+# KEYS: processing, band, rotation, seq, running, wake. ARGV: message, user key.
+_RELEASE = (
+    _DONE
+    + _FRONT
+    + """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
-  redis.call('LPUSH', KEYS[2], ARGV[1])
-  redis.call('LPUSH', KEYS[3], '1')
-  redis.call('LTRIM', KEYS[3], 0, 63)
+  front(KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[2])
+  done(KEYS[5], KEYS[6], ARGV[2], 0)
+  redis.call('LPUSH', KEYS[6], '1')
+  redis.call('LTRIM', KEYS[6], 0, 63)
 end
 return 1
 """
+)
 
-# KEYS: processing, bands..., wake. Moves every message back to the front of its band.
-_RECOVER = """
-local moved = 0
+# KEYS: processing, seq, running, wake, then per band: band, rotation. Moves every message back
+# to the front of its user's list in its band.
+_RECOVER = (
+    _DONE
+    + _FRONT
+    + """
+local moved, bands = 0, (#KEYS - 4) / 2
 while true do
   local raw = redis.call('RPOP', KEYS[1])
   if not raw then break end
-  local priority = tonumber(cjson.decode(raw)['priority']) or 50
-  local band = math.min(#KEYS - 3, math.floor(math.max(0, priority) * (#KEYS - 2) / 101))
-  redis.call('LPUSH', KEYS[2 + band], raw)
-  redis.call('LPUSH', KEYS[#KEYS], '1')
+  local message = cjson.decode(raw)
+  local priority = tonumber(message['priority']) or 50
+  local band = math.min(bands - 1, math.floor(math.max(0, priority) * bands / 101))
+  local user = message['userKey']
+  if type(user) ~= 'string' then user = '' end
+  front(KEYS[5 + 2 * band], KEYS[6 + 2 * band], KEYS[2], raw, user)
+  done(KEYS[3], KEYS[4], user, 0)
+  redis.call('LPUSH', KEYS[4], '1')
   moved = moved + 1
 end
-redis.call('LTRIM', KEYS[#KEYS], 0, 63)
+redis.call('LTRIM', KEYS[4], 0, 63)
 return moved
+"""
+)
+
+# KEYS: running, consumers. ARGV: the name of a processing list without its consumer id.
+# ``running`` counted again from what the processing lists of the shard's consumers hold, all in
+# one script, so no pop can come between the count and the write (the reaper's repair: a count
+# left wrong by a Redis that lost some keys is right again).
+_RECOUNT = """
+local counts = {}
+for _, consumer in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  for _, raw in ipairs(redis.call('LRANGE', ARGV[1] .. consumer, 0, -1)) do
+    local user = cjson.decode(raw)['userKey']
+    if type(user) == 'string' and user ~= '' then counts[user] = (counts[user] or 0) + 1 end
+  end
+end
+redis.call('DEL', KEYS[1])
+for user, n in pairs(counts) do redis.call('HSET', KEYS[1], user, n) end
+return 1
+"""
+
+# KEYS: per band: band, rotation. The messages waiting in a shard: every band's shared list and
+# the lists of the users in its rotation.
+_WAITING = """
+local total = 0
+for i = 1, #KEYS, 2 do
+  total = total + redis.call('LLEN', KEYS[i])
+  for _, user in ipairs(redis.call('ZRANGE', KEYS[i + 1], 0, -1)) do
+    total = total + redis.call('LLEN', KEYS[i] .. ':u:' .. user)
+  end
+end
+return total
 """
 
 MARKER_TTL_S = 7 * 24 * 3600
@@ -127,9 +285,11 @@ class RedisQueue(Queue):
     (``aijob:{ai-interactive}:…`` with one shard, ``aijob:{ai-interactive:3}:…`` with several) so
     a shard's keys share a Redis Cluster slot."""
 
-    def __init__(self, url, prefix='aijob', shards=1):
+    def __init__(self, url, prefix='aijob', shards=1, user_weights=None, max_running_per_user=0):
         self.prefix = prefix
         self.shards = shards
+        self._weights = weights_by_key(user_weights)
+        self.max_running_per_user = max_running_per_user
         self._rotation = itertools.count()  # where the next pop starts, so no shard starves
         self._registered_at = None
         self._discovered = {}  # queue -> _Discovery
@@ -155,11 +315,12 @@ class RedisQueue(Queue):
                         for name, source in (
                             ('push', _PUSH),
                             ('pop', _POP),
-                            ('pop_many', _POP_MANY),
                             ('ack', _ACK),
                             ('ack_many', _ACK_MANY),
                             ('release', _RELEASE),
                             ('recover', _RECOVER),
+                            ('recount', _RECOUNT),
+                            ('waiting', _WAITING),
                         )
                     }
                     self._client = client
@@ -178,17 +339,29 @@ class RedisQueue(Queue):
         return ['%s:%d' % (queue_name, i) for i in range(self.shards)]
 
     def tag_of(self, message):
-        """A job's shard, from its id: the same in every process with the same shard count."""
+        """A job's shard, from its user key (from its id when it has none): the same in every
+        process with the same shard count. One user's messages share a shard, so the user's
+        turns and running count sit in one slot."""
         if self.shards == 1:
             return message.queue_name
-        shard = zlib.crc32(message.job_id.encode('utf-8')) % self.shards
+        spread = message.user_key or message.job_id
+        shard = zlib.crc32(spread.encode('utf-8')) % self.shards
         return '%s:%d' % (message.queue_name, shard)
 
     def _key(self, tag, *parts):
         return ':'.join((self.prefix, '{%s}' % tag) + parts)
 
     def _bands(self, tag):
+        """Each band's shared list; the band's users' lists and rotation hang off its name."""
         return [self._key(tag, 'band', str(b)) for b in range(BANDS)]
+
+    def _band_keys(self, tag, *parts):
+        """Per band, most urgent first: its shared list, then each of ``parts`` of it
+        ('users': the rotation, 'turn', 'round')."""
+        keys = []
+        for band in self._bands(tag):
+            keys += [band] + [band + ':' + part for part in parts]
+        return keys
 
     def _processing(self, tag, consumer_id):
         return self._key(tag, 'processing', consumer_id)
@@ -237,16 +410,15 @@ class RedisQueue(Queue):
     def _read_registry(self, queue_name):
         configured = set(self.shard_tags(queue_name))
         extra = sorted(set(self.redis.smembers(self._registry(queue_name))) - configured)
-        draining = ()
-        if extra:
-            lengths = self._lengths([band for tag in extra for band in self._bands(tag)])
-            draining = tuple(
-                tag for i, tag in enumerate(extra) if sum(lengths[i * BANDS : (i + 1) * BANDS])
-            )
+        draining = tuple(tag for tag in extra if self._waiting(tag))
         return _Discovery(time.monotonic() + DISCOVER_EVERY_S, tuple(extra), draining)
 
     def _all_tags(self, queue_name):
         return self.shard_tags(queue_name) + list(self._discover(queue_name).extra)
+
+    def _waiting(self, tag):
+        """The messages waiting in a shard (one read-only script: its slot's keys)."""
+        return int(self._script('waiting')(keys=self._band_keys(tag, 'users')))
 
     def _lengths(self, keys):
         """LLEN of each key, in one pipeline (keys of any slots)."""
@@ -258,16 +430,25 @@ class RedisQueue(Queue):
     # -- contract
     def _push_keys(self, message):
         tag = self.tag_of(message)
+        band = self._bands(tag)[band_of(message.priority)]
         return [
             self._marker(tag, message),
-            self._bands(tag)[band_of(message.priority)],
+            band,
+            band + ':users',
+            self._key(tag, 'seq'),
+            self._key(tag, 'weights'),
             self._key(tag, 'wake'),
+            band + ':round',
         ]
+
+    def _push_args(self, message, force):
+        weight = self._weights.get(message.user_key, 1)
+        return [message.encode(), MARKER_TTL_S, '1' if force else '0', message.user_key, weight]
 
     @translate_errors
     def push(self, message, force=False):
         self._register()
-        args = [message.encode(), MARKER_TTL_S, '1' if force else '0']
+        args = self._push_args(message, force)
         return bool(self._script('push')(keys=self._push_keys(message), args=args))
 
     @translate_errors
@@ -280,7 +461,7 @@ class RedisQueue(Queue):
         pipe = self.redis.pipeline(transaction=False)
         push, cluster = self._script('push'), is_cluster(self.redis)
         for message in messages:
-            keys, args = self._push_keys(message), [message.encode(), MARKER_TTL_S, '0']
+            keys, args = self._push_keys(message), self._push_args(message, False)
             if cluster:
                 # A cluster pipeline refuses EVALSHA (it could not load a script a node
                 # lacks): the script's text goes with each call, cached by the node.
@@ -291,32 +472,16 @@ class RedisQueue(Queue):
 
     @translate_errors
     def pop(self, queue_name, consumer_id, timeout_s):
-        """Sweep the queue's shards, each time from the next one (so a busy shard cannot starve
-        the others); priority bands hold within each shard. Shards beyond the configured count
-        that still hold messages are swept too, so changing the count loses nothing."""
-        self._register()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            tags = self.shard_tags(queue_name) + list(self._discover(queue_name).draining)
-            start = next(self._rotation) % len(tags)
-            tags = tags[start:] + tags[:start]
-            for tag in tags:
-                keys = self._bands(tag) + [
-                    self._processing(tag, consumer_id),
-                    self._key(tag, 'consumers'),
-                ]
-                raw = self._script('pop')(keys=keys, args=[consumer_id])
-                if raw:
-                    return Delivery(Message.decode(raw), raw, consumer_id, tag)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            self._wait([self._key(tag, 'wake') for tag in tags], remaining)
+        deliveries = self.pop_many(queue_name, consumer_id, 1, timeout_s)
+        return deliveries[0] if deliveries else None
 
     @translate_errors
     def pop_many(self, queue_name, consumer_id, limit, timeout_s):
-        """``pop``'s sweep, taking up to ``limit`` messages: one script (one round trip) per
-        shard visited, most urgent band first within each shard."""
+        """Sweep the queue's shards, each time from the next one (so a busy shard cannot starve
+        the others), taking up to ``limit`` messages: one script (one round trip) per shard
+        visited, most urgent band first and the users in turn within each shard. Shards beyond
+        the configured count that still hold messages are swept too, so changing the count
+        loses nothing."""
         self._register()
         deadline = time.monotonic() + timeout_s
         while True:
@@ -325,12 +490,9 @@ class RedisQueue(Queue):
             tags = tags[start:] + tags[:start]
             deliveries = []
             for tag in tags:
-                keys = self._bands(tag) + [
-                    self._processing(tag, consumer_id),
-                    self._key(tag, 'consumers'),
-                ]
-                args = [consumer_id, limit - len(deliveries)]
-                raws = self._script('pop_many')(keys=keys, args=args)
+                keys = self._pop_keys(tag, consumer_id)
+                args = [consumer_id, limit - len(deliveries), self.max_running_per_user]
+                raws = self._script('pop')(keys=keys, args=args)
                 deliveries += [Delivery(Message.decode(r), r, consumer_id, tag) for r in raws]
                 if len(deliveries) >= limit:
                     break
@@ -340,6 +502,15 @@ class RedisQueue(Queue):
             if remaining <= 0:
                 return []
             self._wait([self._key(tag, 'wake') for tag in tags], remaining)
+
+    def _pop_keys(self, tag, consumer_id):
+        return [
+            self._processing(tag, consumer_id),
+            self._key(tag, 'consumers'),
+            self._key(tag, 'seq'),
+            self._key(tag, 'weights'),
+            self._key(tag, 'running'),
+        ] + self._band_keys(tag, 'users', 'turn', 'round')
 
     def _wait(self, wake_keys, remaining):
         """Sleep until a push wakes us (BLPOP on the shards' wake lists), then sweep again. One
@@ -351,10 +522,15 @@ class RedisQueue(Queue):
 
     @translate_errors
     def ack(self, delivery):
-        tag = delivery.source
+        tag, m = delivery.source, delivery.message
         self._script('ack')(
-            keys=[self._processing(tag, delivery.consumer_id), self._marker(tag, delivery.message)],
-            args=[delivery.raw],
+            keys=[
+                self._processing(tag, delivery.consumer_id),
+                self._marker(tag, m),
+                self._key(tag, 'running'),
+                self._key(tag, 'wake'),
+            ],
+            args=[delivery.raw, m.user_key, self.max_running_per_user],
         )
 
     @translate_errors
@@ -364,22 +540,31 @@ class RedisQueue(Queue):
         for delivery in deliveries:
             by_tag.setdefault((delivery.source, delivery.consumer_id), []).append(delivery)
         for (tag, consumer_id), group in by_tag.items():
-            markers = [self._marker(tag, d.message) for d in group]
-            self._script('ack_many')(
-                keys=[self._processing(tag, consumer_id)] + markers,
-                args=[d.raw for d in group],
-            )
+            keys = [
+                self._processing(tag, consumer_id),
+                self._key(tag, 'running'),
+                self._key(tag, 'wake'),
+            ]
+            args = [self.max_running_per_user]
+            for d in group:
+                keys.append(self._marker(tag, d.message))
+                args += [d.raw, d.message.user_key]
+            self._script('ack_many')(keys=keys, args=args)
 
     @translate_errors
     def release(self, delivery):
         m, tag = delivery.message, delivery.source
+        band = self._bands(tag)[band_of(m.priority)]
         self._script('release')(
             keys=[
                 self._processing(tag, delivery.consumer_id),
-                self._bands(tag)[band_of(m.priority)],
+                band,
+                band + ':users',
+                self._key(tag, 'seq'),
+                self._key(tag, 'running'),
                 self._key(tag, 'wake'),
             ],
-            args=[delivery.raw],
+            args=[delivery.raw, m.user_key],
         )
 
     @translate_errors
@@ -394,7 +579,8 @@ class RedisQueue(Queue):
 
     @translate_errors
     def recover_orphans(self):
-        """Every shard of every queue, those beyond the configured count included."""
+        """Every shard of every queue, those beyond the configured count included; then each
+        shard's running counts are counted again from its live consumers' processing lists."""
         moved, alive = 0, {}
         for queue_name in QUEUE_NAMES:
             for tag in self._all_tags(queue_name):
@@ -409,12 +595,28 @@ class RedisQueue(Queue):
                 alive[consumer_id] = bool(self.redis.exists(self.heartbeat_key(consumer_id)))
             if alive[consumer_id]:
                 continue
-            keys = (
-                [self._processing(tag, consumer_id)] + self._bands(tag) + [self._key(tag, 'wake')]
-            )
+            keys = [
+                self._processing(tag, consumer_id),
+                self._key(tag, 'seq'),
+                self._key(tag, 'running'),
+                self._key(tag, 'wake'),
+            ] + self._band_keys(tag, 'users')
             moved += int(self._script('recover')(keys=keys))
             self.redis.srem(consumers_key, consumer_id)
+        self._script('recount')(
+            keys=[self._key(tag, 'running'), consumers_key], args=[self._processing(tag, '')]
+        )
         return moved
+
+    @translate_errors
+    def running(self, queue_name, user_key):
+        """Messages of this user held in consumers' processing lists, in this queue (what the
+        running cap counts)."""
+        tags = self._all_tags(queue_name)
+        pipe = self.redis.pipeline(transaction=False)
+        for tag in tags:
+            pipe.hget(self._key(tag, 'running'), user_key)
+        return sum(int(n or 0) for n in pipe.execute())
 
     @translate_errors
     def has_entry(self, message):
@@ -464,7 +666,7 @@ class RedisQueue(Queue):
 
     @translate_errors
     def depth(self, queue_name):
-        return sum(self._lengths([b for t in self._all_tags(queue_name) for b in self._bands(t)]))
+        return sum(self._waiting(tag) for tag in self._all_tags(queue_name))
 
     @translate_errors
     def in_flight(self, queue_name):
@@ -481,10 +683,8 @@ class RedisQueue(Queue):
         for tag in tags:
             consumers = self.redis.smembers(self._key(tag, 'consumers'))
             processing[tag] = [self._processing(tag, consumer) for consumer in consumers]
-        keys = [band for tag in tags for band in self._bands(tag)]
-        keys += [key for tag in tags for key in processing[tag]]
-        lengths = iter(self._lengths(keys))
-        waiting = {tag: sum(next(lengths) for _ in range(BANDS)) for tag in tags}
+        lengths = iter(self._lengths([key for tag in tags for key in processing[tag]]))
+        waiting = {tag: self._waiting(tag) for tag in tags}
         return {tag: (waiting[tag], sum(next(lengths) for _ in processing[tag])) for tag in tags}
 
     @translate_errors

@@ -119,6 +119,13 @@ def test_bench_with_concurrency_and_sleeping_jobs_on_the_embedded_default(tmp_pa
     assert "job_input: {'sleepMs': 20}" in out
 
 
+def test_bench_with_jobs_spread_over_a_few_users_on_the_embedded_default(tmp_path):
+    """``--users 3``: the jobs go to 3 users, in turn."""
+    figures, out = run_bench(sqlite_env(tmp_path), '--users', '3')
+    assert_figures(figures)
+    assert re.search(r'^users: 3$', out, re.M), out
+
+
 def test_bench_on_mysql_and_redis(mysql_redis):
     figures, out = run_bench(mysql_redis)
     assert_figures(figures)

@@ -33,6 +33,12 @@ def test_defaults_are_the_embedded_backends():
         90_000,
     )
     assert (config.interactive_concurrency, config.background_concurrency) == (2, 1)
+    assert (config.user_weights, config.max_running_per_user) == ({}, 0)  # plain turns, no cap
+
+
+def test_user_weights_are_whole_numbers_per_user():
+    config = load_config({'AIJOB_USER_WEIGHTS': '{"big-tenant": 5, "u2": 1}'})
+    assert config.user_weights == {'big-tenant': 5, 'u2': 1}
 
 
 @pytest.mark.parametrize(
@@ -44,6 +50,11 @@ def test_defaults_are_the_embedded_backends():
         {'AIJOB_LOCK_TTL_MS': 'soon'},
         {'AIJOB_INTERACTIVE_CONCURRENCY': '0'},
         {'AIJOB_DEFINITIONS': 'not a module'},
+        {'AIJOB_USER_WEIGHTS': '[1, 2]'},
+        {'AIJOB_USER_WEIGHTS': '{"u1": 0}'},
+        {'AIJOB_USER_WEIGHTS': '{"u1": 2.5}'},
+        {'AIJOB_USER_WEIGHTS': '{"u1": true}'},
+        {'AIJOB_MAX_RUNNING_PER_USER': '-1'},
     ],
 )
 def test_bad_values_raise_a_config_error_naming_the_variable(env):

@@ -9,6 +9,7 @@ from engine.core.errors import (
     InvalidRequestError,
     UnknownJobTypeError,
 )
+from engine.core.fairness import user_key
 from engine.core.models import AiJob, AiJobSnapshot, OutboxEvent
 from engine.core.store import EXACT_COLUMNS
 from tests.support.helpers import new_request, run_threads
@@ -48,6 +49,7 @@ def test_create_writes_job_snapshot_and_enqueue_event(runtime):
         'jobType': 'synthetic',
         'queueName': 'ai-interactive',
         'priority': 50,
+        'userKey': user_key('user-a'),  # the user's opaque queue key, never the id
     }
 
 
