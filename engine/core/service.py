@@ -66,6 +66,7 @@ class CreateJobInput:
     overrides: dict = field(default_factory=dict)
     retry_of_job_id: Optional[str] = None
     webhook_url: Optional[str] = None  # pushed to when the job is terminal (decision 15)
+    created_by: Optional[str] = None  # the service whose key created it for user_id (issue 33)
 
 
 @dataclass
@@ -248,7 +249,9 @@ class AiJobService:
             retried_attempt = (
                 AiJob.select(AiJob.attempt_no).where(AiJob.id == job.retry_of_job_id).scalar()
             )
-        insert_events(self.store, creation_events(job, claimed_by, retried_attempt))
+        insert_events(
+            self.store, creation_events(job, claimed_by, retried_attempt, request.created_by)
+        )
         if request.webhook_url is not None:
             self.webhooks.create_endpoint(request.user_id, request.webhook_url, job_id=job_id)
         return job, event
@@ -359,14 +362,17 @@ class AiJobService:
         return AiJobSnapshot.delete().where(AiJobSnapshot.id.in_(ids)).execute()
 
 
-def creation_events(job, claimed_by, retried_attempt=None):
+def creation_events(job, claimed_by, retried_attempt=None, created_by=None):
     """The history's first rows: ``created``, and ``dispatched`` when this process claimed the
     outbox event to push it right after commit (architecture decision 6): both in the creating
     transaction, so the push can never come before its row. A retry of an old job adds the old
-    job's ``retried`` row (at its last attempt, ``retried_attempt``)."""
+    job's ``retried`` row (at its last attempt, ``retried_attempt``). ``created_by``: the
+    service that created the job for its user, named in the ``created`` row."""
     detail = {'queue': job.queue_name, 'priority': job.priority}
     if job.retry_of_job_id:
         detail['retryOfJobId'] = job.retry_of_job_id
+    if created_by:
+        detail['service'] = created_by
     events = [NewEvent(job.id, CREATED, 0, detail)]
     if claimed_by:
         events.append(

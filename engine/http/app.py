@@ -12,6 +12,7 @@ import re
 import bottle
 
 from .access import Access
+from .cors import Cors
 from .dashboard import Dashboard
 from .guard import Guard, bottle_error
 from .openapi import allowed_methods, build_document
@@ -22,6 +23,7 @@ from .resources.credentials import Credentials
 from .resources.job_stream import JobStreams
 from .resources.jobs import Jobs
 from .resources.operations import Operations
+from .resources.tokens import Tokens
 from .resources.usage import Usage
 from .resources.webhooks import Webhooks
 
@@ -31,7 +33,7 @@ class Api:
     reaches the long poll's watch through it (to end waits when it stops), tests the streams'."""
 
     def __init__(self, runtime):
-        access = Access(runtime.store)
+        access = Access(runtime)
         jobs = Jobs(runtime, access)
         job_streams = JobStreams(runtime, access)
         self.watch = jobs.watch
@@ -47,6 +49,7 @@ class Api:
             Dashboard(runtime),
             Budgets(runtime, access),
             Batches(runtime, access),
+            Tokens(runtime, access),
         )
         self.openapi = build_document(self.resources)
 
@@ -62,6 +65,8 @@ def create_app(runtime):
     """The WSGI application for ``runtime``."""
     api = Api(runtime)
     app = bottle.Bottle(catchall=True)
+    cors = Cors(runtime.config.cors_origins)
+    app.install(cors)  # first: outside the Guard, whose error answers get its headers too
     app.install(Guard(runtime.store, runtime.config.request_timeout_ms / 1000.0))
     app.default_error_handler = bottle_error
     app.aijob_api = api
@@ -69,7 +74,7 @@ def create_app(runtime):
     for method, path, callback, uses_db in routes:
         app.route(path, method, callback, db=uses_db)
     for path, allow in _allow_headers(api.openapi, routes).items():
-        app.route(path, 'OPTIONS', _options(allow), db=False)
+        app.route(path, 'OPTIONS', _options(path, allow, cors), db=False)
     return app
 
 
@@ -89,8 +94,9 @@ def _camel(name):
     return head + ''.join(part.title() for part in rest)
 
 
-def _options(allow):
+def _options(path, allow, cors):
     def options(**path_parameters):
-        return bottle.HTTPResponse(status=204, headers={'Allow': allow})
+        headers = dict(cors.preflight_headers(path, allow), Allow=allow)
+        return bottle.HTTPResponse(status=204, headers=headers)
 
     return options

@@ -5,6 +5,7 @@ type, so that a body the document allows is one the server accepts."""
 from ...core.errors import InvalidRequestError
 from ...core.registry import first_error
 from ...core.service import CreateJobInput
+from ..auth import USER_ID_PATTERN
 from ..openapi import NOT_BLANK
 
 CREATE_FIELDS = (
@@ -19,13 +20,18 @@ CREATE_FIELDS = (
 USER_KEY_MODE = 'user_deepseek_key'
 
 
+# Only a service key sets it: the end user the job is created for (issue 33).
+SERVICE_FIELDS = CREATE_FIELDS + ('userId',)
+
+
 def create_request(principal, body, header_key):
     """A CreateJobInput from a POST body: fields a client may not set are refused, never
-    honoured; the job always belongs to the caller."""
-    unknown = sorted(set(body) - set(CREATE_FIELDS))
+    honoured; the job belongs to the caller, or for a service key to the ``userId`` it names."""
+    allowed = SERVICE_FIELDS if principal.is_service else CREATE_FIELDS
+    unknown = sorted(set(body) - set(allowed))
     if unknown:
         raise InvalidRequestError(
-            '%s may not be set by a client (allowed: %s)' % (unknown[0], ', '.join(CREATE_FIELDS)),
+            '%s may not be set by a client (allowed: %s)' % (unknown[0], ', '.join(allowed)),
             field=unknown[0],
         )
     if not isinstance(body.get('jobType'), str) or not body['jobType']:
@@ -36,7 +42,7 @@ def create_request(principal, body, header_key):
             'the Idempotency-Key header and idempotencyKey differ', field='idempotencyKey'
         )
     return CreateJobInput(
-        user_id=principal.user_id,
+        user_id=_owner(principal, body),
         job_type=body['jobType'],
         target_type=body.get('targetType'),
         target_id=body.get('targetId'),
@@ -44,7 +50,21 @@ def create_request(principal, body, header_key):
         idempotency_key=header_key if header_key is not None else body_key,
         overrides=body.get('overrides') or {},
         webhook_url=body.get('webhookUrl'),
+        created_by=principal.name if principal.is_service else None,
     )
+
+
+def _owner(principal, body):
+    """Whose job it is: the caller's, or the end user a service key names."""
+    if not principal.is_service:
+        return principal.user_id
+    user_id = body.get('userId')
+    if not isinstance(user_id, str) or not USER_ID_PATTERN.match(user_id):
+        raise InvalidRequestError(
+            'a service key creates a job for a user: userId (1-64 characters, no spaces)',
+            field='userId',
+        )
+    return user_id
 
 
 def create_job_schema(definitions, prompt_versions):
@@ -78,6 +98,12 @@ def _create_one(definition, prompt_versions):
                 description="The job type's input (default {}).",
             ),
             'idempotencyKey': nullable(dict(text, maxLength=255)),
+            'userId': {
+                'type': 'string',
+                'pattern': r'^\S{1,64}$',
+                'description': 'Service keys only, and required for them: the end user the job '
+                "is created for (it is that user's job in every respect). Anyone else: 400.",
+            },
             'webhookUrl': {
                 'type': ['string', 'null'],
                 'format': 'uri',
