@@ -104,6 +104,33 @@ def _whole(text, low, high, field):
     raise InvalidRequestError('%s must be a whole number %d..%d' % (field, low, high), field=field)
 
 
+def token_schema(**extra):
+    """A token as the list shows it; ``extra``: required properties the create adds."""
+    schema = {
+        'type': 'object',
+        'additionalProperties': False,
+        'required': ['tokenId', 'role', 'name', 'tokenHint', 'createdAt', 'lastUsedAt'],
+        'properties': {
+            'tokenId': {'type': 'string', 'pattern': '^[0-9]+$'},
+            'role': {'enum': list(ROLES)},
+            'name': {'type': 'string'},
+            'tokenHint': {
+                'type': ['string', 'null'],
+                'description': 'The first %d characters of the token, to tell tokens apart '
+                '(null for tokens made before hints were kept).' % HINT_CHARS,
+            },
+            'createdAt': TIME,
+            'lastUsedAt': dict(
+                NULLABLE_TIME,
+                description='Written at most once a minute per token: within a minute.',
+            ),
+        },
+    }
+    schema['properties'].update(extra)
+    schema['required'] += list(extra)
+    return schema
+
+
 def _schemas():
     return {
         'CreateTokenRequest': {
@@ -120,34 +147,10 @@ def _schemas():
                 },
             },
         },
-        'Token': {
-            'type': 'object',
-            'additionalProperties': False,
-            'required': ['tokenId', 'role', 'name', 'tokenHint', 'createdAt', 'lastUsedAt'],
-            'properties': {
-                'tokenId': {'type': 'string', 'pattern': '^[0-9]+$'},
-                'role': {'enum': list(ROLES)},
-                'name': {'type': 'string'},
-                'tokenHint': {
-                    'type': ['string', 'null'],
-                    'description': 'The first %d characters of the token, to tell tokens apart '
-                    '(null for tokens made before hints were kept).' % HINT_CHARS,
-                },
-                'createdAt': TIME,
-                'lastUsedAt': dict(
-                    NULLABLE_TIME,
-                    description='Written at most once a minute per token: within a minute.',
-                ),
-            },
-        },
-        'CreatedToken': {
-            'allOf': [ref('Token')],
-            'type': 'object',
-            'required': ['token'],
-            'properties': {
-                'token': {'type': 'string', 'description': 'The token: shown this once only.'}
-            },
-        },
+        'Token': token_schema(),
+        'CreatedToken': token_schema(
+            token={'type': 'string', 'description': 'The token: shown this once only.'}
+        ),
         'TokenList': {
             'type': 'object',
             'additionalProperties': False,
