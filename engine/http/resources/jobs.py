@@ -192,9 +192,14 @@ class Jobs:
         with self.store.connection():
             principal = self.access.job_caller()
             wait_ms, known = requested_wait_ms(), parsing.if_none_match()
-            body, etag, data = self.status_with_etag(*self.access.visible_status(job_id, principal))
+            job, refs = self.access.visible_status(job_id, principal)
+            body, etag, data = self.status_with_etag(job, refs)
         if wait_ms and etag in (known or {etag}) and body['lifecycleStatus'] not in TERMINAL:
-            waiter = self.watch.enter(job_id, principal.user_id)
+            # A service's waits count against the job's user, as the user's own would: one
+            # application server follows many users' jobs.
+            waiter = self.watch.enter(
+                job_id, job.user_id if principal.is_service else principal.user_id
+            )
             try:
                 body, etag, data = self.wait_for_change(waiter, body, etag, data, known, wait_ms)
             finally:
