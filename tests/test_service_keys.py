@@ -5,6 +5,11 @@ row names the service; a service may read, follow, cancel and list one user's jo
 of a user's own or an admin's; a user's token that sets ``userId`` stays 400. The admin tokens
 API (issue all roles, list masked, revoke) and ``token create --service``."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from engine.core.history import JobHistory
@@ -17,6 +22,7 @@ from tests.test_cache import TEXT, USER_TYPE, start  # noqa: F401
 from tests.test_cache import wait_terminal as wait_card_job
 
 TOKENS = '/admin-api/ai/tokens'
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def with_service(harness, name='shop'):
@@ -198,3 +204,21 @@ def test_last_use_is_written_at_most_once_a_minute(runtime):
     other = TokenStore(runtime.store)  # another process: its UPDATE finds the row recent
     assert tokens.authenticate(token) is not None and other.authenticate(token) is not None
     assert ApiToken.get(ApiToken.user_id == 'user-a').last_used_at == first
+
+
+@pytest.mark.slow
+def test_token_create_service_prints_a_service_key(backend, make_runtime):
+    runtime = make_runtime()  # the schema, on this backend
+    env = dict(os.environ, **backend.env())
+    args = [sys.executable, str(ROOT / 'aijob.py'), 'token', 'create']
+    made = subprocess.run(args + ['--service', 'shop'], env=env, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    assert 'service shop (role service)' in made.stdout
+    token = made.stdout.strip().splitlines()[-1]
+    with runtime.store.connection():
+        harness = Harness(runtime)
+        assert harness.client(token).post(JOBS, job_body(userId='user-a')).status == 201
+    both = subprocess.run(
+        args + ['--service', 'shop', '--user', 'u'], env=env, capture_output=True, text=True
+    )
+    assert both.returncode == 2 and 'either' in both.stderr
