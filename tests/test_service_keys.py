@@ -222,3 +222,18 @@ def test_token_create_service_prints_a_service_key(backend, make_runtime):
         args + ['--service', 'shop', '--user', 'u'], env=env, capture_output=True, text=True
     )
     assert both.returncode == 2 and 'either' in both.stderr
+
+
+def test_initdb_adds_the_new_token_columns_to_an_older_deployment(runtime):
+    """An api_token table from before issue 33 (no last use, no hint) is upgraded in place by
+    initdb, and its tokens keep working."""
+    token = TokenStore(runtime.store).create('user-old')
+    for column in ('last_used_at', 'token_hint'):
+        runtime.store.db.execute_sql('ALTER TABLE api_token DROP COLUMN %s' % column)
+    runtime.store.create_schema()  # initdb
+    columns = {c.name for c in runtime.store.db.get_columns('api_token')}
+    assert {'last_used_at', 'token_hint'} <= columns
+    assert TokenStore(runtime.store).authenticate(token).user_id == 'user-old'
+    harness = Harness(runtime)
+    [old] = [t for t in harness.admin.get(TOKENS).json['items'] if t['name'] == 'user-old']
+    assert old['tokenHint'] is None and old['lastUsedAt'] is not None
