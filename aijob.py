@@ -124,20 +124,26 @@ def cmd_token(config, args):
         with runtime.store.connection():
             tokens = TokenStore(runtime.store)
             if args.token_command == 'create':
-                try:
-                    token = tokens.create(args.user, admin=args.admin)
-                except ValueError as exc:
-                    print('aijob: error: --user: %s' % exc, file=sys.stderr)
-                    return 2
-                print(
-                    'token for user %s (role %s); it is shown only once:'
-                    % (args.user, 'SUPER_ADMIN' if args.admin else 'user')
-                )
-                print(token)
-                return 0
+                return create_token(tokens, args)
             return revoke_tokens(tokens, args)
     finally:
         runtime.close()
+
+
+def create_token(tokens, args):
+    if (args.user is None) == (args.service is None) or (args.service and args.admin):
+        print('aijob: error: give either --user USER [--admin] or --service NAME', file=sys.stderr)
+        return 2
+    role = 'service' if args.service else 'SUPER_ADMIN' if args.admin else 'user'
+    try:
+        token = tokens.create(args.service or args.user, role=role)
+    except ValueError as exc:
+        print('aijob: error: %s' % exc, file=sys.stderr)
+        return 2
+    what = 'service %s' % args.service if args.service else 'user %s' % args.user
+    print('token for %s (role %s); it is shown only once:' % (what, role))
+    print(token)
+    return 0
 
 
 def revoke_tokens(tokens, args):
@@ -152,8 +158,13 @@ def revoke_tokens(tokens, args):
 def token_args(parser):
     sub = parser.add_subparsers(dest='token_command', required=True)
     create = sub.add_parser('create', help='issue a bearer token; the last line printed is it')
-    create.add_argument('--user', required=True, help='the user id the token acts as')
+    create.add_argument('--user', help='the user id the token acts as')
     create.add_argument('--admin', action='store_true', help='role SUPER_ADMIN')
+    create.add_argument(
+        '--service',
+        help="role service, named NAME: an application's server, which creates jobs for its "
+        'users (userId) and reads, follows and cancels them',
+    )
     revoke = sub.add_parser('revoke', help='revoke one token, or every token of --user')
     revoke.add_argument('token', nargs='?', help='the token to revoke')
     revoke.add_argument('--user', help='revoke every token of this user')

@@ -145,10 +145,12 @@ CREATE TABLE IF NOT EXISTS `user_model_credential` (
 CREATE TABLE IF NOT EXISTS `api_token` (
   `id` BIGINT NOT NULL AUTO_INCREMENT,
   `token_hash` VARCHAR(64) NOT NULL,            -- SHA-256 of the bearer token; never the token
-  `user_id` VARCHAR(64) NOT NULL,
-  `role` VARCHAR(16) NOT NULL,                  -- user | SUPER_ADMIN
+  `user_id` VARCHAR(64) NOT NULL,               -- the user; for role service, its name
+  `role` VARCHAR(16) NOT NULL,                  -- user | service | SUPER_ADMIN
   `created_at` DATETIME(6) NOT NULL,
   `revoked_at` DATETIME(6) NULL,
+  `last_used_at` DATETIME(6) NULL,              -- at most once a minute per token
+  `token_hint` VARCHAR(16) NULL,                -- the first characters, to tell tokens apart
   PRIMARY KEY (`id`),
   UNIQUE KEY `api_token_token_hash` (`token_hash`),
   KEY `api_token_user_id` (`user_id`)
@@ -165,6 +167,14 @@ CREATE TABLE IF NOT EXISTS `ai_job_event` (
   PRIMARY KEY (`id`),
   KEY `ai_job_event_job_id_id` (`job_id`, `id`),
   KEY `ai_job_event_created_at` (`created_at`)  -- the purge of old history
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- Secrets the service makes for itself (the publicAccessToken key when no master key is set).
+CREATE TABLE IF NOT EXISTS `app_secret` (
+  `name` VARCHAR(64) NOT NULL,
+  `value` VARCHAR(128) NOT NULL,
+  `created_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`name`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
 -- One row per named lease (architecture decision 12): the `housekeeping` lease's holder runs the

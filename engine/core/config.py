@@ -222,6 +222,45 @@ def key_prefix(value):
     return value
 
 
+def origin_list(value):
+    """AIJOB_CORS_ORIGINS: comma-separated origins (scheme://host[:port], no path), or none."""
+    origins = tuple(part.strip().rstrip('/') for part in value.split(',') if part.strip())
+    for origin in origins:
+        parts = urlsplit(origin)
+        if parts.scheme not in ('http', 'https') or not parts.hostname or parts.path:
+            raise ValueError('%r is not an origin (expected https://HOST[:PORT])' % origin)
+    return origins
+
+
+def jwt_secret_or_empty(value):
+    """AIJOB_JWT_SECRET: HS256 wants a secret of at least 256 bits (RFC 7518 §3.2)."""
+    if value == '':
+        return None
+    if len(value.encode('utf-8')) < 32:
+        raise ValueError('expected at least 32 bytes')
+    return value
+
+
+def jwks_file_or_empty(value):
+    """AIJOB_JWT_JWKS_FILE: a readable JSON Web Key Set (its keys are built by the JWT check)."""
+    if value == '':
+        return None
+    try:
+        with open(value, encoding='utf-8') as file:
+            parsed = json.load(file)
+    except OSError as exc:
+        raise ValueError('cannot read %s: %s' % (value, exc.strerror)) from None
+    except ValueError:
+        raise ValueError('%s is not valid JSON' % value) from None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get('keys'), list):
+        raise ValueError('%s is not a JSON Web Key Set ({"keys": [...]})' % value)
+    return value
+
+
+def text_or_empty(value):
+    return value.strip() or None
+
+
 @dataclass(frozen=True)
 class Setting:
     env: str
@@ -478,6 +517,61 @@ SETTINGS = (
         'JSON array of case-insensitive regular expressions that block job input and output '
         'when a definition asks for a safety check. Unset: block private keys only.',
     ),
+    # ---- issue 33: who may call (engine/http/access.py, jwt_auth.py, job_tokens.py, cors.py)
+    Setting(
+        'AIJOB_JWT_SECRET',
+        '',
+        jwt_secret_or_empty,
+        'Accept JSON Web Tokens your application signs with HS256 and this shared secret (at '
+        'least 32 bytes); `sub` is the user id, the role is always user. Unset (and no '
+        'AIJOB_JWT_JWKS_*): no JWT is accepted.',
+        secret=True,
+    ),
+    Setting(
+        'AIJOB_JWT_JWKS_URL',
+        '',
+        http_url_or_empty,
+        'Accept RS256/ES256 JSON Web Tokens whose keys this JWKS URL publishes (fetched, cached, '
+        'fetched again once when a token names an unknown kid).',
+    ),
+    Setting(
+        'AIJOB_JWT_JWKS_FILE',
+        '',
+        jwks_file_or_empty,
+        'As AIJOB_JWT_JWKS_URL, the JSON Web Key Set read from this file at start-up.',
+    ),
+    Setting(
+        'AIJOB_JWT_ISSUER',
+        '',
+        text_or_empty,
+        'When set, a JWT must carry this `iss`.',
+    ),
+    Setting(
+        'AIJOB_JWT_AUDIENCE',
+        '',
+        text_or_empty,
+        'When set, a JWT must carry this `aud` (one of its values).',
+    ),
+    Setting(
+        'AIJOB_JWT_LEEWAY_S',
+        '30',
+        non_negative_int,
+        "Seconds of clock difference allowed on a JWT's exp, nbf and iat.",
+    ),
+    Setting(
+        'AIJOB_PUBLIC_TOKEN_TTL_S',
+        '3600',
+        positive_int,
+        'How long the publicAccessToken of a create answer stays good: it reads, polls, streams '
+        'and (where the job type allows it) cancels that one job.',
+    ),
+    Setting(
+        'AIJOB_CORS_ORIGINS',
+        '',
+        origin_list,
+        'Comma-separated origins (https://app.example.com) whose pages may call the job read, '
+        'stream and cancel endpoints (CORS headers and preflight). Unset: none.',
+    ),
 )
 
 
@@ -529,6 +623,23 @@ def check_together(values, rules=TOGETHER):
             raise ConfigError(refusal)
 
 
+JWT_KEY_SOURCES = ('AIJOB_JWT_SECRET', 'AIJOB_JWT_JWKS_URL', 'AIJOB_JWT_JWKS_FILE')
+
+
+def check_jwt(values):
+    """One key source for JWTs at most, and no JWT claim check without one (it would be believed
+    to guard something)."""
+    sources = [env for env in JWT_KEY_SOURCES if values[env[len('AIJOB_') :].lower()]]
+    if len(sources) > 1:
+        raise ConfigError('%s and %s: set one JWT key source only' % (sources[0], sources[1]))
+    if not sources:
+        for env in ('AIJOB_JWT_ISSUER', 'AIJOB_JWT_AUDIENCE'):
+            if values[env[len('AIJOB_') :].lower()]:
+                raise ConfigError(
+                    '%s is set but no JWT key source is (%s)' % (env, ', '.join(JWT_KEY_SOURCES))
+                )
+
+
 class Config:
     """Parsed settings as attributes: ``AIJOB_DATABASE_URL`` → ``config.database_url``."""
 
@@ -553,6 +664,7 @@ class Config:
                 shown = setting.env if setting.secret else '%s=%r' % (setting.env, raw)
                 raise ConfigError('%s is invalid: %s (%s)' % (shown, exc, setting.help)) from None
         check_together(values, TOGETHER if together is None else together)
+        check_jwt(values)
         for step in derive:
             step(values, environ)
         refuse_retired(environ)

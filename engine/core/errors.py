@@ -291,6 +291,12 @@ class BudgetNotFoundError(HttpError):
     public_message = 'No such budget.'
 
 
+class TokenNotFoundError(HttpError):
+    code = 'TOKEN_NOT_FOUND'
+    http_status = 404
+    public_message = 'No such live API token.'
+
+
 class BatchNotFoundError(HttpError):
     code = 'BATCH_NOT_FOUND'
     http_status = 404

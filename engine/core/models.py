@@ -263,7 +263,9 @@ class UserModelCredential(BaseModel):
 
 
 class ApiToken(BaseModel):
-    """A bearer token, stored as its SHA-256 only."""
+    """A bearer token, stored as its SHA-256 only. ``user_id`` is the user the token acts as,
+    or for role ``service`` the service's name; ``token_hint`` is the token's first characters,
+    enough to tell tokens apart in a list, far too few to use."""
 
     id = BigAutoField()
     token_hash = CharField(max_length=64, unique=True)
@@ -271,6 +273,8 @@ class ApiToken(BaseModel):
     role = CharField(max_length=16)
     created_at = Timestamp()
     revoked_at = Timestamp(null=True)
+    last_used_at = Timestamp(null=True)  # written at most once a minute per token
+    token_hint = CharField(max_length=16, null=True)
 
     class Meta:
         table_name = 'api_token'
@@ -295,6 +299,18 @@ class AiJobEvent(BaseModel):
             (('job_id', 'id'), False),
             (('created_at',), False),  # the purge of old history
         )
+
+
+class AppSecret(BaseModel):
+    """A random secret the service made for itself, kept so every process and restart agrees
+    on it: the key of the jobs' publicAccessTokens when no credential master key is set."""
+
+    name = CharField(max_length=64, primary_key=True)
+    value = CharField(max_length=128)
+    created_at = Timestamp()
+
+    class Meta:
+        table_name = 'app_secret'
 
 
 class LeaderLease(BaseModel):
@@ -343,6 +359,7 @@ MODELS = (
     AiJobEvent,
     LeaderLease,
     AiUserAdmission,
+    AppSecret,
 )
 
 

@@ -68,6 +68,7 @@ class CreateJobInput:
     # The extensions' own fields of the create body that were given (not null), by name (a
     # job's webhookUrl, say): the hook point create_fields of engine/core/extension.py.
     extra: dict = field(default_factory=dict)
+    created_by: Optional[str] = None  # the service whose key created it for user_id (issue 33)
 
 
 @dataclass
@@ -258,7 +259,9 @@ class AiJobService:
             retried_attempt = (
                 AiJob.select(AiJob.attempt_no).where(AiJob.id == job.retry_of_job_id).scalar()
             )
-        insert_events(self.store, creation_events(job, claimed_by, retried_attempt))
+        insert_events(
+            self.store, creation_events(job, claimed_by, retried_attempt, request.created_by)
+        )
         for extra in self._given(request):
             extra.write(request.user_id, job_id, request.extra[extra.name])
         return job, event
@@ -369,14 +372,17 @@ class AiJobService:
         return AiJobSnapshot.delete().where(AiJobSnapshot.id.in_(ids)).execute()
 
 
-def creation_events(job, claimed_by, retried_attempt=None):
+def creation_events(job, claimed_by, retried_attempt=None, created_by=None):
     """The history's first rows: ``created``, and ``dispatched`` when this process claimed the
     outbox event to push it right after commit (architecture decision 6): both in the creating
     transaction, so the push can never come before its row. A retry of an old job adds the old
-    job's ``retried`` row (at its last attempt, ``retried_attempt``)."""
+    job's ``retried`` row (at its last attempt, ``retried_attempt``). ``created_by``: the
+    service that created the job for its user, named in the ``created`` row."""
     detail = {'queue': job.queue_name, 'priority': job.priority}
     if job.retry_of_job_id:
         detail['retryOfJobId'] = job.retry_of_job_id
+    if created_by:
+        detail['service'] = created_by
     events = [NewEvent(job.id, CREATED, 0, detail)]
     if claimed_by:
         events.append(

@@ -31,6 +31,9 @@ ADDED_COLUMNS = (
     # the limits a create was held to, for the CHECK below (admission.py)
     ('ai_user_admission', 'active_limit', 'INTEGER NOT NULL DEFAULT 0'),
     ('ai_user_admission', 'daily_limit', 'INTEGER NOT NULL DEFAULT 0'),
+    # service keys and the admin tokens API (issue 33)
+    ('api_token', 'last_used_at', 'DATETIME(6) NULL'),
+    ('api_token', 'token_hint', 'VARCHAR(16) NULL'),
 )
 # CHECK constraints that came later, MySQL/MariaDB only (SQLite cannot add one to a table):
 # (table, constraint name, condition), as in schema.sql.

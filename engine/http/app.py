@@ -12,12 +12,14 @@ import re
 import bottle
 
 from .access import Access
+from .cors import Cors
 from .guard import Guard, bottle_error
 from .openapi import allowed_methods, build_document
 from .resources.admin_jobs import AdminJobs
 from .resources.credentials import Credentials
 from .resources.jobs import Jobs
 from .resources.operations import Operations
+from .resources.tokens import Tokens
 from .resources.usage import Usage
 
 
@@ -26,7 +28,7 @@ class Api:
     reaches the long poll's watch through it (to end waits when it stops)."""
 
     def __init__(self, runtime):
-        access = Access(runtime.store)
+        access = Access(runtime)
         jobs = Jobs(runtime, access)
         self.watch = jobs.watch
         # The kernel's resources, then the installed features' (in the extensions' order).
@@ -36,6 +38,7 @@ class Api:
             Credentials(runtime, access),
             Usage(runtime, access),
             Operations(runtime, self.document),
+            Tokens(runtime, access),
         ) + tuple(make(runtime, access) for make in runtime.hooks.http_resources)
         self.openapi = build_document(self.resources)
 
@@ -51,6 +54,8 @@ def create_app(runtime):
     """The WSGI application for ``runtime``."""
     api = Api(runtime)
     app = bottle.Bottle(catchall=True)
+    cors = Cors(runtime.config.cors_origins)
+    app.install(cors)  # first: outside the Guard, whose error answers get its headers too
     app.install(Guard(runtime.store, runtime.config.request_timeout_ms / 1000.0, runtime.signals))
     app.default_error_handler = bottle_error
     app.aijob_api = api
@@ -58,7 +63,7 @@ def create_app(runtime):
     for method, path, callback, uses_db in routes:
         app.route(path, method, callback, db=uses_db)
     for path, allow in _allow_headers(api.openapi, routes).items():
-        app.route(path, 'OPTIONS', _options(allow), db=False)
+        app.route(path, 'OPTIONS', _options(path, allow, cors), db=False)
     return app
 
 
@@ -78,8 +83,9 @@ def _camel(name):
     return head + ''.join(part.title() for part in rest)
 
 
-def _options(allow):
+def _options(path, allow, cors):
     def options(**path_parameters):
-        return bottle.HTTPResponse(status=204, headers={'Allow': allow})
+        headers = dict(cors.preflight_headers(path, allow), Allow=allow)
+        return bottle.HTTPResponse(status=204, headers=headers)
 
     return options

@@ -21,8 +21,10 @@ NOT_BLANK = r'\S'  # a name the service accepts holds something besides white sp
 # error classes (errors.public_error_codes), so a new error cannot be left out of the document.
 ERROR_NOTES = {
     400: '`field` names the offending field when there is one',
-    401: 'the bearer token is missing, malformed, unknown or revoked',
-    403: 'the endpoint is for SUPER_ADMIN only',
+    401: 'the bearer token is missing, malformed, unknown or revoked; a JWT or a '
+    'publicAccessToken that fails a check (the message names it: exp, nbf, aud, iss, alg, '
+    'signature)',
+    403: 'the endpoint is for SUPER_ADMIN only, or not for a service key or a publicAccessToken',
     404: "also for another user's job (never 403 for a job); NOT_FOUND for an unknown path",
     408: 'the body did not arrive within AIJOB_REQUEST_TIMEOUT_MS',
     413: 'the body is over AIJOB_MAX_BODY_BYTES',
@@ -63,6 +65,10 @@ def json_response(description, schema, headers=None):
 
 
 def error_responses(*statuses):
+    """The error answers of an operation. One that answers 401 answers 403 too: a service key
+    or a publicAccessToken is refused (access.py) where only a user's own credential goes."""
+    if 401 in statuses and 403 not in statuses:
+        statuses += (403,)
     return {
         str(status): json_response(
             ERROR_CODES[status], ref('Error'), RETRY_AFTER if status in (429, 503) else None
@@ -277,7 +283,14 @@ def build_document(resources):
     ``schemas()`` it owns, and may declare ``security_schemes()`` of its own (the dashboard's
     session cookie)."""
     paths, schemas = {}, common_schemas()
-    schemes = {'bearerAuth': {'type': 'http', 'scheme': 'bearer'}}
+    schemes = {
+        'bearerAuth': {
+            'type': 'http',
+            'scheme': 'bearer',
+            'description': 'An API token (a user, a service key, SUPER_ADMIN), a JWT the '
+            "application signed for its user (AIJOB_JWT_*), or a job's publicAccessToken.",
+        }
+    }
     for resource in resources:
         paths.update(resource.paths())
         schemas.update(resource.schemas())

@@ -15,6 +15,9 @@ import schemathesis
 WAIT_CAP_MS = 200
 WEBHOOK_URL = 'https://127.0.0.1/hook'  # the test's serve allows private addresses
 KNOWN_IDS = json.loads(os.environ.get('AIJOB_CONTRACT_IDS') or '{}')
+ROLE = os.environ.get('AIJOB_CONTRACT_ROLE', 'user')
+END_USER = 'contract-user'
+JOBS = '/api/ai/jobs'
 
 
 @schemathesis.hook
@@ -65,12 +68,30 @@ def before_call(context, case, kwargs):
     _cap_wait(case.query)
     if not _positive(case):
         return
+    _user_id_for_the_role(case)
     key = uuid.uuid4().hex
     for name in list(case.headers or {}):
         if name.lower() == 'idempotency-key':
             case.headers[name] = key
     if isinstance(case.body, dict) and case.body.get('idempotencyKey') is not None:
         case.body['idempotencyKey'] = key
+
+
+def _user_id_for_the_role(case):
+    """A service key names the end user of a create or a list (400 without); anyone else may not
+    (400 with): the document cannot say which credential a request carries."""
+    if case.path != JOBS:
+        return
+    if case.method.upper() == 'POST' and isinstance(case.body, dict):
+        if ROLE == 'service':
+            case.body.setdefault('userId', END_USER)
+        else:
+            case.body.pop('userId', None)
+    elif case.method.upper() in ('GET', 'HEAD'):
+        if ROLE == 'service':
+            case.query = dict(case.query or {}, userId=END_USER)
+        elif case.query and 'userId' in case.query:
+            case.query.pop('userId')
 
 
 def _positive(case):

@@ -51,7 +51,7 @@ class JobStreams:
         here, as a JSON error, before the first byte of the stream; the route holds no database
         connection while the stream runs (``db=False``)."""
         with self.store.connection():
-            principal = self.access.caller()
+            principal = self.access.job_caller()
             position = stream.parse_last_event_id(parsing.header('Last-Event-ID'))
             fresh = position is None
             if fresh:

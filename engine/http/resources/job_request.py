@@ -7,6 +7,7 @@ the extension its field is unknown."""
 from ...core.errors import InvalidRequestError
 from ...core.registry import first_error
 from ...core.service import CreateJobInput
+from ..auth import USER_ID_PATTERN
 from ..openapi import NOT_BLANK
 
 CREATE_FIELDS = (
@@ -20,11 +21,16 @@ CREATE_FIELDS = (
 USER_KEY_MODE = 'user_deepseek_key'
 
 
+# Only a service key sets it: the end user the job is created for (issue 33).
+SERVICE_FIELDS = CREATE_FIELDS + ('userId',)
+
+
 def create_request(principal, body, header_key, extra_fields=()):
     """A CreateJobInput from a POST body: fields a client may not set are refused, never
-    honoured; the job always belongs to the caller. ``extra_fields``: the extensions'
-    CreateFields."""
-    allowed = CREATE_FIELDS + tuple(extra.name for extra in extra_fields)
+    honoured; the job belongs to the caller, or for a service key to the ``userId`` it names.
+    ``extra_fields``: the extensions' CreateFields."""
+    base = SERVICE_FIELDS if principal.is_service else CREATE_FIELDS
+    allowed = base + tuple(extra.name for extra in extra_fields)
     unknown = sorted(set(body) - set(allowed))
     if unknown:
         raise InvalidRequestError(
@@ -39,7 +45,7 @@ def create_request(principal, body, header_key, extra_fields=()):
             'the Idempotency-Key header and idempotencyKey differ', field='idempotencyKey'
         )
     return CreateJobInput(
-        user_id=principal.user_id,
+        user_id=_owner(principal, body),
         job_type=body['jobType'],
         target_type=body.get('targetType'),
         target_id=body.get('targetId'),
@@ -51,7 +57,21 @@ def create_request(principal, body, header_key, extra_fields=()):
             for extra in extra_fields
             if body.get(extra.name) is not None
         },
+        created_by=principal.name if principal.is_service else None,
     )
+
+
+def _owner(principal, body):
+    """Whose job it is: the caller's, or the end user a service key names."""
+    if not principal.is_service:
+        return principal.user_id
+    user_id = body.get('userId')
+    if not isinstance(user_id, str) or not USER_ID_PATTERN.match(user_id):
+        raise InvalidRequestError(
+            'a service key creates a job for a user: userId (1-64 characters, no spaces)',
+            field='userId',
+        )
+    return user_id
 
 
 def create_job_schema(definitions, prompt_versions, extra_fields=()):
@@ -85,6 +105,12 @@ def _create_one(definition, prompt_versions, extra_fields):
                 description="The job type's input (default {}).",
             ),
             'idempotencyKey': nullable(dict(text, maxLength=255)),
+            'userId': {
+                'type': 'string',
+                'pattern': r'^\S{1,64}$',
+                'description': 'Service keys only, and required for them: the end user the job '
+                "is created for (it is that user's job in every respect). Anyone else: 400.",
+            },
             **{extra.name: extra.schema for extra in extra_fields},
             'overrides': _overrides(definition, prompt_versions, text, nullable),
         },

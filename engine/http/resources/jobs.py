@@ -22,6 +22,7 @@ from ..openapi import (
     error_responses,
     job_id_param,
     job_list_params,
+    job_status_schema,
     json_response,
     query_param,
     ref,
@@ -72,6 +73,7 @@ class Jobs:
             'CreateJobRequest': create_job_schema(
                 definitions, prompt_versions, self.runtime.hooks.create_fields
             ),
+            'CreatedJob': created_job_schema(),
             'JobEvent': {
                 'type': 'object',
                 'additionalProperties': False,
@@ -157,7 +159,7 @@ class Jobs:
         }
 
     def create_job(self):
-        principal = self.access.caller()
+        principal = self.access.creator()
         body = parsing.json_object(self.max_body_bytes)
         request = create_request(
             principal, body, parsing.idempotency_key(), self.runtime.hooks.create_fields
@@ -174,9 +176,11 @@ class Jobs:
                 status=job.lifecycle_status,
                 user_id=job.user_id,
                 queue=job.queue_name,
+                service=principal.name,
             )
+        body = dict(views.status_body(job), publicAccessToken=self.access.job_tokens.issue(job))
         return reply(
-            views.status_body(job),
+            body,
             201 if result.created else 200,
             {'Location': '/api/ai/jobs/%s' % job.id},
         )
@@ -186,11 +190,16 @@ class Jobs:
         database connection of its own (``db=False``): one unit of work reads, and a wait takes
         one only for each re-read."""
         with self.store.connection():
-            principal = self.access.caller()
+            principal = self.access.job_caller()
             wait_ms, known = requested_wait_ms(), parsing.if_none_match()
-            body, etag, data = self.status_with_etag(*self.access.visible_status(job_id, principal))
+            job, refs = self.access.visible_status(job_id, principal)
+            body, etag, data = self.status_with_etag(job, refs)
         if wait_ms and etag in (known or {etag}) and body['lifecycleStatus'] not in TERMINAL:
-            waiter = self.watch.enter(job_id, principal.user_id)
+            # A service's waits count against the job's user, as the user's own would: one
+            # application server follows many users' jobs.
+            waiter = self.watch.enter(
+                job_id, job.user_id if principal.is_service else principal.user_id
+            )
             try:
                 body, etag, data = self.wait_for_change(waiter, body, etag, data, known, wait_ms)
             finally:
@@ -237,20 +246,20 @@ class Jobs:
         return body, '"%s"' % hashlib.sha256(data).hexdigest()[:32], data
 
     def get_artifacts(self, job_id):
-        job = self.access.visible_job(job_id, self.access.caller())
+        job = self.access.visible_job(job_id, self.access.job_caller())
         return reply(views.artifact_contents(job))
 
     def get_events(self, job_id):
         """The job's transition history (architecture decision 14), oldest first: the owner's
         view (no worker ids, no internal messages), or everything for SUPER_ADMIN."""
-        principal = self.access.caller()
+        principal = self.access.job_caller()
         job = self.access.visible_job(job_id, principal)
         after, limit = history_view.parse_query(parsing.query())
         body = history_view.job_events(self.store, job, after, limit, full=principal.is_admin)
         return reply(body)
 
     def cancel_job(self, job_id):
-        principal = self.access.caller()
+        principal = self.access.job_caller()
         job = self.access.visible_job(job_id, principal, admin_sees_all=False)
         job = self.runtime.service.cancel_job(job.id)
         log_event('job.cancel', job_id=job.id, job_type=job.job_type, status=job.lifecycle_status)
@@ -261,16 +270,35 @@ class Jobs:
 
     def list_jobs(self):
         """The caller's own jobs, newest first: the admin list's filters and cursor, always
-        restricted to the caller (a userId filter is refused, not honoured)."""
-        principal = self.access.caller()
+        restricted to the caller (a userId filter is refused, not honoured). A service lists
+        one user's jobs: ``userId`` is required."""
+        principal = self.access.creator()
         params = parsing.query()
-        if 'userId' in params:
+        if principal.is_service:
+            if 'userId' not in params:
+                raise InvalidRequestError('a service key lists one user: userId', field='userId')
+            user_id = params['userId']
+        elif 'userId' in params:
             raise InvalidRequestError('userId is for the admin list only', field='userId')
-        query = listing.parse_query(dict(params, userId=principal.user_id), strict=True)
+        else:
+            user_id = principal.user_id
+        query = listing.parse_query(dict(params, userId=user_id), strict=True)
         jobs, next_cursor = listing.list_jobs(query)
         refs = views.artifact_refs([job.id for job in jobs if job.lifecycle_status == 'succeeded'])
         items = [views.job_status(job, refs.get(job.id, ())) for job in jobs]
         return reply({'items': items, 'nextCursor': next_cursor, 'limit': query.limit})
+
+
+def created_job_schema():
+    """A create's answer: the job's status and its publicAccessToken."""
+    schema = job_status_schema()
+    schema['required'] = schema['required'] + ['publicAccessToken']
+    schema['properties']['publicAccessToken'] = {
+        'type': 'string',
+        'description': 'A bearer token for this job only (read, poll, stream, cancel where the '
+        'job type allows it), for a browser; expires after AIJOB_PUBLIC_TOKEN_TTL_S.',
+    }
+    return schema
 
 
 def requested_wait_ms():
@@ -290,16 +318,21 @@ def _paths():
     return {
         '/api/ai/jobs': {
             'get': {
-                'summary': "The caller's own jobs, newest first (the admin list's filters, "
-                'without userId).',
-                'parameters': job_list_params(user_filter=False),
+                'summary': "The caller's own jobs, newest first (the admin list's filters). "
+                "A service key lists one user's: userId is required for it, refused for "
+                'anyone else.',
+                'parameters': job_list_params(user_filter=True),
                 'responses': dict(
                     {'200': json_response('One page.', ref('JobList'))},
-                    **error_responses(400, 401, 503),
+                    **error_responses(400, 401, 403, 503),
                 ),
             },
             'post': {
-                'summary': 'Create a job for the caller (idempotent with a key).',
+                'summary': 'Create a job for the caller, or with a service key for the user '
+                'its userId names (idempotent with a key).',
+                'description': 'The answer carries a publicAccessToken: good for '
+                'AIJOB_PUBLIC_TOKEN_TTL_S to read, poll, stream and (if the job type allows it) '
+                'cancel this one job, e.g. from a browser.',
                 'parameters': [
                     {
                         'name': 'Idempotency-Key',
@@ -314,19 +347,20 @@ def _paths():
                 },
                 'responses': dict(
                     {
-                        '201': json_response('Created.', ref('JobStatusResponse')),
+                        '201': json_response('Created.', ref('CreatedJob')),
                         '200': json_response(
                             'Idempotent replay: the job created earlier with this key.',
-                            ref('JobStatusResponse'),
+                            ref('CreatedJob'),
                         ),
                     },
-                    **error_responses(400, 401, 408, 413, 415, 422, 429, 503),
+                    **error_responses(400, 401, 403, 408, 413, 415, 422, 429, 503),
                 ),
             },
         },
         '/api/ai/jobs/{jobId}': {
             'get': {
-                'summary': 'Job status (owner or SUPER_ADMIN). Poll with If-None-Match and waitMs.',
+                'summary': 'Job status (owner, its publicAccessToken, a service key or '
+                'SUPER_ADMIN). Poll with If-None-Match and waitMs.',
                 'parameters': [
                     job_id,
                     query_param(
@@ -358,8 +392,8 @@ def _paths():
         },
         '/api/ai/jobs/{jobId}/artifacts': {
             'get': {
-                'summary': 'The artifact contents of a job, in ordinal order (owner or '
-                'SUPER_ADMIN).',
+                'summary': 'The artifact contents of a job, in ordinal order (owner, its '
+                'publicAccessToken, a service key or SUPER_ADMIN).',
                 'parameters': [job_id],
                 'responses': dict(
                     {'200': json_response('The artifacts.', ref('ArtifactList'))},
@@ -369,8 +403,8 @@ def _paths():
         },
         '/api/ai/jobs/{jobId}/events': {
             'get': {
-                'summary': "The job's transition history, oldest first (owner: public view; "
-                'SUPER_ADMIN: everything).',
+                'summary': "The job's transition history, oldest first (owner, its "
+                'publicAccessToken, a service key: public view; SUPER_ADMIN: everything).',
                 'parameters': [
                     job_id,
                     query_param(
@@ -392,7 +426,7 @@ def _paths():
         },
         '/api/ai/jobs/{jobId}/cancel': {
             'post': {
-                'summary': 'Cancel a job (owner only).',
+                'summary': 'Cancel a job (owner, its publicAccessToken or a service key).',
                 'parameters': [job_id],
                 'responses': dict(
                     {

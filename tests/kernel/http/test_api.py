@@ -40,6 +40,7 @@ def test_create_returns_201_with_the_job_status_response_owned_by_the_caller(api
         'priority',
         'progress',
         'createdAt',
+        'publicAccessToken',
     }
     assert (
         body['jobType'],

@@ -2,7 +2,9 @@
 pairs, once with a user's token over the user API and once with an admin token over the admin
 API, with every check on: server errors, status codes, content types, headers and response
 schemas not in the OpenAPI document, and drift both ways (ST201 a request outside the document
-accepted, ST202 a request inside it refused). Zero failures; the summary is printed.
+accepted, ST202 a request inside it refused). Zero failures; the summary is printed. The job
+API runs again with each other credential of issue 33: a service key, the application's JWT and
+a job's publicAccessToken.
 
 Hooks (tests/support/contract_hooks.py) feed real ids into path parameters and cap long polls.
 AIJOB_CONTRACT_EXAMPLES (cases per operation and phase) and AIJOB_CONTRACT_SEED tune a run; a
@@ -13,8 +15,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 
+import jwt
 import pytest
 
 from engine.http.auth import TokenStore
@@ -31,6 +35,8 @@ SEED = os.environ.get('AIJOB_CONTRACT_SEED', '20261204')
 USER_API = r'^/(api/|healthz|readyz|openapi\.json|dashboard)'
 ADMIN_API = r'^/(admin-api/|metrics)'
 EVERY_PATH = r'^/'
+JOB_API = r'^/api/ai/jobs'
+JWT_SECRET = 'the-contract-applications-jwt-secret'
 
 
 def call(server, method, path, token, body=None):
@@ -56,14 +62,15 @@ def known_ids(server, token):
         server, 'POST', '/api/ai/credentials', token, {'provider': 'openai', 'apiKey': 'sk-test'}
     )
     webhook = call(server, 'POST', '/api/ai/webhooks', token, {'url': 'https://127.0.0.1/hook'})
-    return {
+    ids = {
         'jobId': [job['jobId']],
         'credentialId': [credential['credentialId']],
         'webhookId': [webhook['webhookId']],
     }
+    return ids, job['publicAccessToken']
 
 
-def schemathesis(server, token, operations, ids, folder, options=False):
+def schemathesis(server, token, operations, ids, folder, options=False, role='user'):
     """One run over the operations whose path matches ``operations``: every method but OPTIONS,
     all phases; or, with ``options``, OPTIONS alone and no stateful phase (OPTIONS describes a
     path, not a resource: it answers the same after a DELETE, which the stateful check of a
@@ -105,6 +112,7 @@ def schemathesis(server, token, operations, ids, folder, options=False):
         os.environ,
         SCHEMATHESIS_HOOKS='tests.support.contract_hooks',
         AIJOB_CONTRACT_IDS=json.dumps(ids),
+        AIJOB_CONTRACT_ROLE=role,
         PYTHONPATH=ROOT,
     )
     result = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
@@ -114,12 +122,15 @@ def schemathesis(server, token, operations, ids, folder, options=False):
     return summary
 
 
-# The three runs, each a test of its own on a server of its own, so that a parallel run (xdist)
-# can spread them: which token, which paths, and OPTIONS alone or every other method.
+# The runs, each a test of its own on a server of its own, so that a parallel run (xdist) can
+# spread them: which credential, which paths, and OPTIONS alone or every other method.
 RUNS = {
     'user': ('user', USER_API, False),
     'admin': ('admin', ADMIN_API, False),
     'options': ('user', EVERY_PATH, True),
+    'service': ('service', JOB_API, False),
+    'jwt': ('jwt', JOB_API, False),
+    'job': ('job', JOB_API, False),
 }
 
 
@@ -135,6 +146,10 @@ def test_the_server_matches_its_openapi_document(
     with runtime.store.connection():
         tokens = TokenStore(runtime.store)
         user, admin = tokens.create('contract-user'), tokens.create('contract-admin', admin=True)
+        service = tokens.create('contract-app', role='service')
+    app_jwt = jwt.encode(
+        {'sub': 'contract-user', 'exp': int(time.time()) + 3600}, JWT_SECRET, algorithm='HS256'
+    )
     server = serve_process(
         backend.env(
             AIJOB_CREDENTIAL_MASTER_KEY=MASTER_KEY,
@@ -142,10 +157,14 @@ def test_the_server_matches_its_openapi_document(
             AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',
             AIJOB_DAILY_JOB_QUOTA='0',
             AIJOB_SHUTDOWN_GRACE_MS='2000',
+            AIJOB_JWT_SECRET=JWT_SECRET,
+            AIJOB_CORS_ORIGINS='https://app.example.com',
             **PROVIDER_SETTINGS,
         )
     )
-    ids = known_ids(server, user)
-    token, operations, options = RUNS[run]
-    schemathesis(server, {'user': user, 'admin': admin}[token], operations, ids, tmp_path, options)
+    ids, job_token = known_ids(server, user)
+    role, operations, options = RUNS[run]
+    credentials = {'user': user, 'admin': admin, 'service': service, 'jwt': app_jwt}
+    credentials['job'] = job_token
+    schemathesis(server, credentials[role], operations, ids, tmp_path, options, role)
     assert server.stop() == 0, server.log_path.read_text()[-5000:]
