@@ -330,6 +330,12 @@ def test_the_overview_shows_the_busiest_users_and_links_to_their_jobs(board):
     assert sorted(shown) == sorted(job.id for job in wanted) and len(shown) == 5
 
 
+def test_a_busy_users_id_is_shown_as_text(board):
+    create_job(board.rt, user_id=XSS)
+    page = board.operator().get('/dashboard')
+    assert XSS not in page.text and '&lt;script&gt;window.__pwned = 1&lt;/script&gt;' in page.text
+
+
 def test_the_overview_says_when_no_user_is_busy(board):
     page = board.operator().get('/dashboard')
     assert 'No user has a job waiting or running.' in page.text
