@@ -47,7 +47,9 @@ CREATE TABLE IF NOT EXISTS `ai_job` (
   KEY `ai_job_queue_name_created_at` (`queue_name`, `created_at`),
   KEY `ai_job_created_at` (`created_at`),
   KEY `ai_job_retry_of_job_id` (`retry_of_job_id`),
-  KEY `ai_job_finished_at` (`finished_at`)          -- the operators' throughput, bulk retry
+  KEY `ai_job_finished_at` (`finished_at`),         -- the operators' throughput, bulk retry
+  KEY `ai_job_lifecycle_status_user_id_started_at_created_at`
+    (`lifecycle_status`, `user_id`, `started_at`, `created_at`)  -- the busiest users
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
 CREATE TABLE IF NOT EXISTS `ai_job_snapshot` (

@@ -143,6 +143,8 @@ class AiJob(BaseModel):
             (('created_at',), False),  # admin range
             (('retry_of_job_id',), False),
             (('finished_at',), False),  # the operators' throughput, bulk retry since T
+            # the busiest users (busiest_users.py): waiting, running, recent waits per user
+            (('lifecycle_status', 'user_id', 'started_at', 'created_at'), False),
         )
 
 

@@ -61,6 +61,11 @@ ADDED_INDEXES = (
     ('ai_job', 'ai_job_finished_at', 'finished_at'),
     ('ai_job_event', 'ai_job_event_created_at', 'created_at'),
     ('ai_job', 'ai_job_job_type_queue_name_created_at', 'job_type, queue_name, created_at'),
+    (
+        'ai_job',
+        'ai_job_lifecycle_status_user_id_started_at_created_at',
+        'lifecycle_status, user_id, started_at, created_at',
+    ),
 )
 
 # Normalised by peewee from both drivers; the rest of the engine uses these names only.

@@ -6,6 +6,7 @@ import datetime
 import json
 from dataclasses import dataclass
 
+from ...core.busiest_users import WAIT_WINDOW, busiest_users
 from ...core.errors import AiJobError, InvalidRequestError, JobNotFoundError
 from ...core.history import JobHistory
 from ...core.models import AiJob, AiJobSnapshot, AiUsageLog
@@ -88,7 +89,17 @@ def overview(runtime):
         'finished_last_hour': finished,
         'failure_rate': '%.1f %%' % (100.0 * failed / finished) if finished else '–',
         'cooldowns': _cooldowns(runtime),
+        'busiest': busiest_users(runtime.store),
+        'wait_window_min': int(WAIT_WINDOW.total_seconds() // 60),
     }
+
+
+def seconds(value):
+    """'0.250 s', '2 min 5 s', … for a number of seconds, or '–' when there is none."""
+    if value is None:
+        return '–'
+    start = datetime.datetime(2000, 1, 1)
+    return duration(start, start + datetime.timedelta(seconds=value))
 
 
 def _cooldowns(runtime):

@@ -370,6 +370,7 @@ class Dashboard:
         helpers = {
             'when': pages.when,
             'duration': pages.duration,
+            'seconds': pages.seconds,
             'input_value': pages.input_value,
             'pretty': pages.pretty,
             'job_url': _job_url,

@@ -1,8 +1,10 @@
 """A Prometheus scrape: the counters (counters.py) plus the gauges that are read from the store
 and the queue when the scrape happens, so every process shows the same shared state and none has
 to keep it up to date: the kernel's here, the features' from the ``gauges`` hook point. Three
-small queries and one Redis pipeline per queue; nothing here scans a growing table (the outbox and
-running-job reads use their status indexes and only touch unfinished rows)."""
+small queries and one Redis pipeline per queue, plus the busiest users' reads (a few ranges of
+one index per user, core/busiest_users.py); nothing here scans a growing table (the outbox and
+running-job reads use their status indexes and only touch unfinished rows, the users' waits only
+the jobs started in the last minutes)."""
 
 import datetime
 
@@ -11,6 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from ...core.busiest_users import MAX_WAITS, QUANTILES, WAIT_WINDOW, busiest_users
 from ...core.models import AiJob, LeaderLease, OutboxEvent
 from ...core.outbox import DEAD, FAILED, PENDING, PROCESSING, WAKE_EVENT
 from ...core.registry import QUEUE_NAMES
@@ -35,6 +38,7 @@ class StateCollector:
         yield from self._queues()
         yield self._running()
         yield self._leader()
+        yield from self._busiest_users()
 
     def _outbox(self):
         pending = GaugeMetricFamily(
@@ -123,6 +127,44 @@ class StateCollector:
             left = (_datetime(row.expires_at) - self.store.clock()).total_seconds()
             remaining.add_metric([row.holder], left)
         return remaining
+
+    def _busiest_users(self):
+        """The busiest users (core/busiest_users.py): labelled by user id, for the
+        BUSIEST_USERS first only, so a scrape holds at most that many users' series."""
+        label = ('user',)
+        waiting = GaugeMetricFamily(
+            'aijob_user_jobs_waiting', 'Queued jobs of the busiest users.', labels=label
+        )
+        running = GaugeMetricFamily(
+            'aijob_user_jobs_running', 'Running jobs of the busiest users.', labels=label
+        )
+        oldest = GaugeMetricFamily(
+            'aijob_user_oldest_waiting_seconds',
+            "Age of the busiest users' oldest queued job (0 when none waits).",
+            labels=label,
+        )
+        wait = GaugeMetricFamily(
+            'aijob_user_queue_wait_seconds',
+            "Create to first lock of the busiest users' jobs started in the last %d s "
+            '(nearest-rank quantiles).' % WAIT_WINDOW.total_seconds(),
+            labels=('user', 'quantile'),
+        )
+        started = GaugeMetricFamily(
+            'aijob_user_queue_wait_jobs',
+            "The busiest users' jobs started in the last %d s that the quantiles are over "
+            '(at most %d).' % (WAIT_WINDOW.total_seconds(), MAX_WAITS),
+            labels=label,
+        )
+        for load in busiest_users(self.store):
+            user = [load.user_id]
+            waiting.add_metric(user, load.waiting)
+            running.add_metric(user, load.running)
+            oldest.add_metric(user, load.oldest_waiting_s)
+            started.add_metric(user, load.waits)
+            for q, seconds in zip(QUANTILES, (load.wait_p50_s, load.wait_p95_s), strict=True):
+                if seconds is not None:  # no start in the window: no quantile
+                    wait.add_metric(user + [str(q)], seconds)
+        return waiting, running, oldest, wait, started
 
 
 def _datetime(value):

@@ -19,6 +19,7 @@ from engine.http.app import create_app
 from engine.http.auth import TokenStore
 from tests.kernel.http.test_api_serve import ROOT
 from tests.support.api import run_to_failed, run_to_running
+from tests.support.busy_users import ORDER, craft
 from tests.support.dashboard import FormClient
 from tests.support.helpers import create_job
 from tests.support.servers import free_port, http, wait_healthy
@@ -300,6 +301,44 @@ def test_the_overview_counts_jobs_and_shows_live_workers_with_what_they_run(boar
     assert 'worker-one' in page.text and running.id[:8] in page.text
     assert queued.id not in page.text
     assert '1 jobs finished' in page.text
+
+
+def test_the_overview_shows_the_busiest_users_and_links_to_their_jobs(board):
+    craft(board.rt)
+    client = board.operator()
+    page = client.get('/dashboard')
+    table = re.search(r'<table id="busiest-users">.*?</table>', page.text, re.S).group(0)
+    rows = re.findall(r'<tr>\s*<td><a href="[^"]*">([^<]+)</a></td>(.*?)</tr>', table, re.S)
+    assert [user for user, _ in rows] == ORDER
+    cells = {user: re.findall(r'<td>(?:<a [^>]*>)?([^<]*)', rest) for user, rest in rows}
+    # waiting, running, oldest waiting, p50, p95, started in the window
+    assert cells['user-heavy'][:2] == ['3', '1']
+    assert cells['user-heavy'][3:] == ['10.000 s', '19.000 s', '20']
+    assert cells['user-light'] == ['0', '2', '–', '0.500 s', '1.500 s', '2']
+    assert cells['user-idle'][:2] == ['5', '0'] and cells['user-idle'][3:] == ['–', '–', '0']
+    # The live part (refreshed every few seconds) carries the panel too.
+    assert 'id="busiest-users"' in client.get('/dashboard', {'part': 'live'}).text
+    # A user's waiting count links to the jobs page filtered by that user and status.
+    link = re.search(
+        r'href="(/dashboard/jobs\?userId=user-idle&amp;lifecycleStatus=queued)"', table
+    )
+    jobs = client.get(link.group(1).replace('&amp;', '&'))
+    shown = re.findall(r'/dashboard/jobs/([0-9a-f-]{36})"', jobs.text)
+    wanted = AiJob.select().where(
+        (AiJob.user_id == 'user-idle') & (AiJob.lifecycle_status == QUEUED)
+    )
+    assert sorted(shown) == sorted(job.id for job in wanted) and len(shown) == 5
+
+
+def test_a_busy_users_id_is_shown_as_text(board):
+    create_job(board.rt, user_id=XSS)
+    page = board.operator().get('/dashboard')
+    assert XSS not in page.text and '&lt;script&gt;window.__pwned = 1&lt;/script&gt;' in page.text
+
+
+def test_the_overview_says_when_no_user_is_busy(board):
+    page = board.operator().get('/dashboard')
+    assert 'No user has a job waiting or running.' in page.text
 
 
 def test_usage_totals_by_user_and_job_type(board):

@@ -12,6 +12,7 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.core.busiest_users import BUSIEST_USERS
 from engine.core.signals import Signals
 from engine.execution.engine import ExecutionEngine
 from engine.extensions import INSTALLED
@@ -20,6 +21,7 @@ from engine.http.auth import TokenStore
 from engine.runtime import Runtime
 from tests.support.api import JOBS, Harness, poll_until, run_to_running
 from tests.support.backends import require_servers
+from tests.support.busy_users import EXPECTED, OLDEST_WAITING_S, craft, queued
 from tests.support.helpers import create_job, wait_until
 from tests.support.paths import ROOT
 from tests.support.servers import free_port
@@ -126,6 +128,47 @@ def test_gauges_read_the_store_and_the_queue_at_scrape_time(api, backend):
     assert value(samples, 'aijob_outbox_oldest_pending_age_seconds') >= 0
     shards = {dict(labels)['shard'] for (name, labels) in samples if name == 'aijob_queue_depth'}
     assert 'ai-interactive' in shards and 'ai-background' in shards
+
+
+def test_the_busiest_users_waiting_jobs_and_waits_exactly(api):
+    """A crafted set of jobs (tests/support/busy_users.py): each busy user's jobs waiting and
+    running and its wait quantiles, labelled by user id; a user with nothing started in the
+    window has no quantile; a user with nothing waiting or running is not listed."""
+    craft(api.runtime)
+    samples = scrape(api.admin)
+    users = {
+        dict(labels)['user'] for (name, labels) in samples if name == 'aijob_user_jobs_waiting'
+    }
+    assert users == set(EXPECTED)
+    for user, expected in EXPECTED.items():
+        assert value(samples, 'aijob_user_jobs_waiting', user=user) == expected['waiting']
+        assert value(samples, 'aijob_user_jobs_running', user=user) == expected['running']
+        assert value(samples, 'aijob_user_queue_wait_jobs', user=user) == expected['waits']
+        for quantile in ('0.5', '0.95'):
+            key = (
+                'aijob_user_queue_wait_seconds',
+                frozenset({'user': user, 'quantile': quantile}.items()),
+            )
+            wanted = expected['p50' if quantile == '0.5' else 'p95']
+            assert samples.get(key) == wanted, (user, quantile)
+    oldest = value(samples, 'aijob_user_oldest_waiting_seconds', user='user-idle')
+    assert OLDEST_WAITING_S['user-idle'] <= oldest < OLDEST_WAITING_S['user-idle'] + 30
+    assert value(samples, 'aijob_user_oldest_waiting_seconds', user='user-light') == 0
+
+
+def test_the_busiest_users_are_at_most_ten(api):
+    now = api.runtime.store.clock()
+    for n in range(12):
+        queued(api.runtime, 'user-%02d' % n, 1, now)
+    queued(api.runtime, 'user-11', 1, now)  # the busiest
+    samples = scrape(api.admin)
+    users = [
+        dict(labels)['user'] for (name, labels) in samples if name == 'aijob_user_jobs_waiting'
+    ]
+    assert len(users) == BUSIEST_USERS == 10
+    assert value(samples, 'aijob_user_jobs_waiting', user='user-11') == 2
+    # ties by user id: user-00 … user-08 with the busiest; user-09 and user-10 left out
+    assert sorted(users) == ['user-%02d' % n for n in range(9)] + ['user-11']
 
 
 def test_metrics_refuse_anonymous_callers_and_users(make_runtime):

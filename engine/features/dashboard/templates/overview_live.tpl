@@ -37,6 +37,32 @@
 </div>
 <p class="muted">Queued and running: every such job. Finished: jobs created in the last 24 hours.</p>
 
+<h2>Busiest users</h2>
+% if not busiest:
+<p class="muted">No user has a job waiting or running.</p>
+% else:
+<div class="scroll">
+<table id="busiest-users">
+  <thead><tr><th>user</th><th>waiting</th><th>running</th><th>oldest waiting</th>
+    <th>wait p50</th><th>wait p95</th><th>started ({{wait_window_min}} min)</th></tr></thead>
+  <tbody>
+% for u in busiest:
+  <tr>
+    <td><a href="{{prefix}}/jobs?{{urlencode({'userId': u.user_id})}}">{{u.user_id}}</a></td>
+    <td><a href="{{prefix}}/jobs?{{urlencode({'userId': u.user_id, 'lifecycleStatus': 'queued'})}}">{{u.waiting}}</a></td>
+    <td><a href="{{prefix}}/jobs?{{urlencode({'userId': u.user_id, 'lifecycleStatus': 'running'})}}">{{u.running}}</a></td>
+    <td>{{seconds(u.oldest_waiting_s) if u.waiting else '–'}}</td>
+    <td>{{seconds(u.wait_p50_s)}}</td>
+    <td>{{seconds(u.wait_p95_s)}}</td>
+    <td>{{u.waits}}</td>
+  </tr>
+% end
+  </tbody>
+</table>
+</div>
+<p class="muted">The users with the most jobs waiting (then running). Wait: from create to running, of their jobs started in the last {{wait_window_min}} minutes.</p>
+% end
+
 <h2>Throughput, last hour</h2>
 <p>{{finished_last_hour}} jobs finished; failure rate {{failure_rate}}.</p>
 <figure class="chart">
