@@ -72,7 +72,7 @@ def flashcards_runtime(backend, fake):
         runtime = Runtime(config, role='test', registry=registry, extensions=extensions)
         made.append(runtime)
         runtime.create_schema()
-        reset_tables(runtime.store)
+        reset_tables(runtime)
         return runtime
 
     yield make
