@@ -285,11 +285,13 @@ def test_a_dead_consumers_jobs_in_one_queue_free_the_cap_in_the_other(make_queue
 
 @pytest.mark.parametrize('shards', [1, 4])
 def test_racing_consumers_of_both_queues_never_hold_more_than_the_cap(make_queue, shards):
+    race_both_queues(make_queue(shards=shards, max_running_per_user=2), cap=2)
+
+
+def race_both_queues(queue, cap):
     """Six consumers, three per queue, pop and ack one user's messages as fast as they can:
     what they hold at once (counted between each pop's return and its ack, so never more than
     the queue counted) stays within the cap, and every message is taken once."""
-    cap = 2
-    queue = make_queue(shards=shards, max_running_per_user=cap)
     pushed = push(queue, 'a', 40, queue_name='ai-interactive')
     pushed += push(queue, 'a', 40, queue_name='ai-background')
     lock, holding, most, taken = threading.Lock(), [0], [0], []

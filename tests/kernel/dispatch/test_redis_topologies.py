@@ -15,6 +15,7 @@ from engine.dispatch.queue import Message
 from engine.dispatch.redis_client import connect
 from engine.dispatch.redis_queue import RedisQueue
 from engine.http.app import create_app
+from tests.kernel.dispatch.test_fair_queues import race_both_queues
 from tests.kernel.dispatch.test_faults import (  # noqa: F401 (own_database is a fixture)
     RECOVERY,
     Processes,
@@ -155,6 +156,20 @@ def test_a_three_master_cluster_runs_every_job_once_over_four_shards(
     finally:
         procs.close()
         runtime.close()
+
+
+def test_the_running_cap_holds_across_both_queues_on_a_cluster(redis_cluster):
+    """Four shards over three primaries: a user's messages of both queues share one shard's
+    slot, so each pop script counts the user over both queues."""
+    queue = RedisQueue(redis_cluster.url, prefix='cap', shards=4, max_running_per_user=2)
+    race_both_queues(queue, cap=2)
+    queue.close()
+
+
+def test_the_running_cap_holds_across_both_queues_under_sentinel(sentinel_group):
+    queue = RedisQueue(sentinel_group.url, prefix='cap', shards=2, max_running_per_user=2)
+    race_both_queues(queue, cap=2)
+    queue.close()
 
 
 def test_a_single_server_url_on_a_cluster_node_is_not_ready(redis_cluster):
