@@ -315,11 +315,14 @@ def test_a_running_cap_of_2_holds_across_both_queues_on_a_three_node_redis_clust
 
 
 def test_the_running_cap_in_one_process_on_the_embedded_default(tmp_path):
-    """The in-process queue counts the same way (MemoryQueue): cap 1 over 8 threads."""
+    """The in-process queue counts the same way (MemoryQueue): cap 1 over 8 threads of each
+    queue, each user's jobs on both queues."""
     env = dict(
         NO_LIMITS,
+        **PLUGIN,
         AIJOB_DATABASE_URL='sqlite:///%s' % (tmp_path / 'cap.db'),
         AIJOB_INTERACTIVE_CONCURRENCY='8',
+        AIJOB_BACKGROUND_CONCURRENCY='8',
         AIJOB_MAX_RUNNING_PER_USER='1',
     )
     runtime = make_runtime(env)
@@ -328,7 +331,11 @@ def test_the_running_cap_in_one_process_on_the_embedded_default(tmp_path):
         with runtime.store.connection():
             ids = [
                 create_job(
-                    runtime, user_id='u%d' % (i % 2), target_id=str(i), input={'sleepMs': 50}
+                    runtime,
+                    job_type=('synthetic', 'synthetic_bg')[(i // 2) % 2],
+                    user_id='u%d' % (i % 2),
+                    target_id=str(i),
+                    input={'sleepMs': 50},
                 ).id
                 for i in range(16)
             ]
