@@ -300,9 +300,10 @@ SETTINGS = (
         'AIJOB_QUEUE_SHARDS',
         '1',
         shard_count,
-        "Redis lists (hash tags) each queue is spread over, a job's shard chosen from its user; "
-        'raise it to spread a queue over the nodes of a Redis Cluster. Changing it loses '
-        'nothing: consumers drain the shards of the old count too.',
+        'Redis hash tags the queues are spread over (shard s of both queues shares one), a '
+        "job's shard chosen from its user; raise it to spread the queues over the nodes of a "
+        'Redis Cluster. Changing it loses nothing: consumers drain the shards of the old count '
+        'too.',
     ),
     Setting(
         'AIJOB_USER_WEIGHTS',
@@ -316,8 +317,8 @@ SETTINGS = (
         'AIJOB_MAX_RUNNING_PER_USER',
         '0',
         non_negative_int,
-        "At most this many of one user's jobs running at once over every worker; the user's "
-        'other jobs stay queued (no thread held, no attempt spent). 0: no cap.',
+        "At most this many of one user's jobs running at once, over both queues and every "
+        "worker; the user's other jobs stay queued (no thread held, no attempt spent). 0: no cap.",
     ),
     Setting(
         'AIJOB_LEADER_LEASE_MS',

@@ -1,5 +1,6 @@
 """The in-process queue of the embedded default: the same contract as Redis, for one process,
-fair per user the same way (a shared list, then the users' turns, in each priority band)."""
+fair per user the same way (a shared list, then the users' turns, in each priority band), with
+one running count per user over every queue, as Redis keeps it in the user's shard."""
 
 import collections
 import heapq
@@ -136,7 +137,7 @@ class MemoryQueue(Queue):
         self._lock = threading.Condition()
         self._bands = {q: [_Band() for _ in range(BANDS)] for q in QUEUE_NAMES}
         self._processing = collections.defaultdict(list)  # (queue, consumer) -> [raw]
-        self._running = collections.Counter()  # (queue, user key) -> messages being processed
+        self._running = collections.Counter()  # user key -> messages being processed, any queue
         self._markers = {}  # queue job id -> raw
         self._heartbeats = {}  # consumer -> monotonic expiry
         self._cancels = {}  # job id -> monotonic expiry
@@ -175,7 +176,7 @@ class MemoryQueue(Queue):
         cap = self.max_running_per_user
 
         def capped(user):
-            return cap > 0 and self._running[(queue_name, user)] >= cap
+            return cap > 0 and self._running[user] >= cap
 
         taken = []
         for band in self._bands[queue_name]:
@@ -185,7 +186,7 @@ class MemoryQueue(Queue):
                     break
                 taken.append(raw)
                 if user:
-                    self._running[(queue_name, user)] += 1
+                    self._running[user] += 1
         return taken
 
     def ack(self, delivery):
@@ -226,10 +227,10 @@ class MemoryQueue(Queue):
         with self._lock:
             return message.queue_job_id in self._markers
 
-    def running(self, queue_name, user_key):
-        """Messages of this user being processed in this queue (what the cap counts)."""
+    def running(self, user_key):
+        """Messages of this user being processed, over every queue (what the cap counts)."""
         with self._lock:
-            return self._running[(queue_name, user_key)]
+            return self._running[user_key]
 
     def signal_cancel(self, job_id, ttl_s=300):
         with self._lock:
@@ -252,7 +253,8 @@ class MemoryQueue(Queue):
             return sum(len(raws) for (q, _), raws in self._processing.items() if q == queue_name)
 
     def shard_lengths(self, queue_name):
-        return {queue_name: (self.depth(queue_name), self.in_flight(queue_name))}
+        """One shard, ``0``, as a one-shard Redis names it."""
+        return {'0': (self.depth(queue_name), self.in_flight(queue_name))}
 
     def consumers(self):
         now = time.monotonic()
@@ -289,10 +291,11 @@ class MemoryQueue(Queue):
         return False
 
     def _finished(self, message):
-        key = (message.queue_name, message.user_key)
-        if message.user_key and self._running[key] > 0:
+        key = message.user_key
+        if key and self._running[key] > 0:
             self._running[key] -= 1
             if not self._running[key]:
                 del self._running[key]
             if self.max_running_per_user:
-                self._lock.notify_all()  # a consumer may have passed this user over
+                # A consumer of any queue may have passed this user over.
+                self._lock.notify_all()

@@ -10,7 +10,8 @@ Priority is honoured in three bands (0–32, 33–65, 66–100); lower numbers f
 the queue is fair per user (architecture, "Queues"): each user's messages wait in a list of their
 own, FIFO, and consumers take from the users with messages waiting in turn (a user of weight w
 takes up to w turns in a row). With a running cap (AIJOB_MAX_RUNNING_PER_USER) a user holding
-that many messages in consumers' processing lists is passed over: their messages stay queued.
+that many messages in consumers' processing lists, of every queue together, is passed over in
+every queue: their messages stay queued.
 A message names its user by an opaque key (core/fairness.py), never the user id.
 """
 
@@ -153,8 +154,8 @@ class Queue:
         messages moved."""
         raise NotImplementedError
 
-    def running(self, queue_name, user_key):
-        """Messages of this user (by user key) held in consumers' processing lists in this
+    def running(self, user_key):
+        """Messages of this user (by user key) held in consumers' processing lists, over every
         queue: what AIJOB_MAX_RUNNING_PER_USER counts."""
         raise NotImplementedError
 

@@ -1,12 +1,13 @@
 """The Redis-list queue: reliable pops into a per-consumer processing list, priority bands, fair
-turns per user within each band (with weights and a running cap), an idempotent push, orphan
-recovery and the cancel fast path, each an atomic Lua script.
+turns per user within each band (with weights and a running cap over every queue), an idempotent
+push, orphan recovery and the cancel fast path, each an atomic Lua script.
 
-A queue is spread over AIJOB_QUEUE_SHARDS shards, each with its own hash tag: every key of a
-shard is ``{prefix}:{tag}:…``, so each script's keys share one slot (architecture decisions 5 and
-13) and the shards of a queue spread over a Redis Cluster's nodes. A user's messages all go to one
-shard (chosen from the user key), so its turns and running count live in one slot. One shard
-keeps the unsharded tag (the queue's name), so a deployment upgraded in place keeps its messages.
+The queues are spread over AIJOB_QUEUE_SHARDS shards. A shard is a hash tag, the shard's number,
+shared by every queue: every key of shard s is ``{prefix}:{s}:…`` (a queue's own keys
+``{prefix}:{s}:QUEUE:…``), so each script's keys share one slot (architecture decisions 5, 13
+and 19) and the shards spread over a Redis Cluster's nodes. A user's messages, in every queue,
+all go to one shard (chosen from the user key), so one script sees the user's turns and the
+user's running count over all the queues: the running cap is exact across them.
 Redis errors stop at this edge as QueueUnavailableError.
 
 The client speaks to whatever topology AIJOB_REDIS_URL names (redis_client): one server, a
@@ -27,16 +28,21 @@ from ..core.registry import QUEUE_NAMES
 from .queue import BANDS, Delivery, Message, Queue, band_of
 from .redis_client import connect, is_cluster, translate_errors
 
-# Per shard ({tag}) and priority band: the band's shared list ``band:N`` (messages without a user
-# key, and those of a deployment before fair queues), each user's list ``band:N:u:USERKEY``, the
-# rotation ``band:N:users``, ``band:N:turn`` ("USERKEY n": the head user's turns in a row, for
-# weights) and ``band:N:round`` (the round of the last message taken). The rotation is a sorted
-# set of the users with messages waiting, scored ROUND * 2^20 + a number from the shard's ``seq``
-# counter (arrival order within a round): the lowest score has the turn. A user whose turn ends
-# moves to its next round; a user who arrives joins the round being served, so a newcomer goes
-# before the users already served in it (start-time fair queueing, in whole turns).
-# Per shard: ``weights`` (user key -> weight, only weights other than 1) and
-# ``running`` (user key -> messages in consumers' processing lists: what the running cap counts).
+# Per shard ({s}), one queue's keys, per priority band: the band's shared list
+# ``QUEUE:band:N`` (messages without a user key, and those of a deployment before fair queues),
+# each user's list ``QUEUE:band:N:u:USERKEY``, the rotation ``QUEUE:band:N:users``,
+# ``QUEUE:band:N:turn`` ("USERKEY n": the head user's turns in a row, for weights) and
+# ``QUEUE:band:N:round`` (the round of the last message taken); and per consumer its processing
+# list ``QUEUE:processing:CONSUMER``, and the queue's ``QUEUE:wake`` list (what an idle consumer
+# blocks on). The rotation is a sorted set of the users with messages waiting, scored
+# ROUND * 2^20 + a number from the shard's ``seq`` counter (arrival order within a round): the
+# lowest score has the turn. A user whose turn ends moves to its next round; a user who arrives
+# joins the round being served, so a newcomer goes before the users already served in it
+# (start-time fair queueing, in whole turns).
+# Per shard, shared by its queues: ``seq``, ``weights`` (user key -> weight, only weights other
+# than 1), ``running`` (user key -> the user's messages in consumers' processing lists of every
+# queue: what the running cap counts), ``consumers`` (every consumer that popped there) and the
+# push markers ``job:QUEUEJOBID`` (the queue job id names its queue).
 # A user's list is named from its band's key inside the script: same hash tag, same slot.
 
 # KEYS: marker, band, rotation, seq, weights, wake, round. ARGV: message, marker TTL, force,
@@ -132,44 +138,52 @@ end
 return taken
 """
 
-# The drop of a message's user from ``running`` (KEYS[k]) once its message left a processing
-# list, and a wake-up when that user was at the cap (a consumer may have passed it over).
+# A wake-up in each of the shard's queues' wake lists (``wakes``: a table of keys), and the drop
+# of a message's user from ``running`` once its message left a processing list: when that user was
+# at the cap, every queue of the shard is woken, since a consumer of any of them may have passed
+# the user over.
 _DONE = """
-local function done(running, wake, user, cap)
+local function wake(wakes)
+  for _, key in ipairs(wakes) do
+    redis.call('LPUSH', key, '1')
+    redis.call('LTRIM', key, 0, 63)
+  end
+end
+local function done(running, wakes, user, cap)
   if user == '' then return end
   local left = redis.call('HINCRBY', running, user, -1)
   if left <= 0 then redis.call('HDEL', running, user) end
-  if cap > 0 and left + 1 >= cap then
-    redis.call('LPUSH', wake, '1')
-    redis.call('LTRIM', wake, 0, 63)
-  end
+  if cap > 0 and left + 1 >= cap then wake(wakes) end
 end
 """
 
-# KEYS: processing, marker, running, wake. ARGV: message, user key, cap.
+# KEYS: processing, marker, running, then the shard's wake lists. ARGV: message, user key, cap.
 _ACK = (
     _DONE
     + """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
-  done(KEYS[3], KEYS[4], ARGV[2], tonumber(ARGV[3]))
+  done(KEYS[3], {unpack(KEYS, 4)}, ARGV[2], tonumber(ARGV[3]))
 end
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 return 1
 """
 )
 
-# KEYS: processing, running, wake, then one marker per message. ARGV: cap, then each message and
-# its user key, in the markers' order.
+# KEYS: processing, running, the shard's wake lists (ARGV[2] of them), then one marker per
+# message. ARGV: cap, how many wake lists, then each message and its user key, in the markers'
+# order.
 _ACK_MANY = (
     _DONE
     + """
-local cap = tonumber(ARGV[1])
-for i = 1, #KEYS - 3 do
-  local raw, user = ARGV[2 * i], ARGV[2 * i + 1]
-  if redis.call('LREM', KEYS[1], 1, raw) == 1 then done(KEYS[2], KEYS[3], user, cap) end
-  if redis.call('GET', KEYS[i + 3]) == raw then redis.call('DEL', KEYS[i + 3]) end
+local cap, first = tonumber(ARGV[1]), 3 + tonumber(ARGV[2])
+local wakes = {unpack(KEYS, 3, first - 1)}
+for i = first, #KEYS do
+  local n = i - first + 1
+  local raw, user = ARGV[1 + 2 * n], ARGV[2 + 2 * n]
+  if redis.call('LREM', KEYS[1], 1, raw) == 1 then done(KEYS[2], wakes, user, cap) end
+  if redis.call('GET', KEYS[i]) == raw then redis.call('DEL', KEYS[i]) end
 end
-return #KEYS - 3
+return #KEYS - first + 1
 """
 )
 
@@ -190,28 +204,31 @@ local function front(band, rotation, seq, raw, user)
 end
 """
 
-# KEYS: processing, band, rotation, seq, running, wake. ARGV: message, user key.
+# KEYS: processing, band, rotation, seq, running, then the shard's wake lists. ARGV: message,
+# user key. Wakes every queue of the shard: the message waits again, and its user's count dropped.
 _RELEASE = (
     _DONE
     + _FRONT
     + """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
+  local wakes = {unpack(KEYS, 6)}
   front(KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[2])
-  done(KEYS[5], KEYS[6], ARGV[2], 0)
-  redis.call('LPUSH', KEYS[6], '1')
-  redis.call('LTRIM', KEYS[6], 0, 63)
+  done(KEYS[5], wakes, ARGV[2], 0)
+  wake(wakes)
 end
 return 1
 """
 )
 
-# KEYS: processing, seq, running, wake, then per band: band, rotation. Moves every message back
-# to the front of its user's list in its band.
+# KEYS: processing, seq, running, then per band: band, rotation; then the shard's wake lists.
+# ARGV: how many bands. Moves every message of one queue's processing list back to the front of
+# its user's list in its band, and wakes every queue of the shard.
 _RECOVER = (
     _DONE
     + _FRONT
     + """
-local moved, bands = 0, (#KEYS - 4) / 2
+local moved, bands = 0, tonumber(ARGV[1])
+local wakes = {unpack(KEYS, 4 + 2 * bands)}
 while true do
   local raw = redis.call('RPOP', KEYS[1])
   if not raw then break end
@@ -220,26 +237,27 @@ while true do
   local band = math.min(bands - 1, math.floor(math.max(0, priority) * bands / 101))
   local user = message['userKey']
   if type(user) ~= 'string' then user = '' end
-  front(KEYS[5 + 2 * band], KEYS[6 + 2 * band], KEYS[2], raw, user)
-  done(KEYS[3], KEYS[4], user, 0)
-  redis.call('LPUSH', KEYS[4], '1')
+  front(KEYS[4 + 2 * band], KEYS[5 + 2 * band], KEYS[2], raw, user)
+  done(KEYS[3], wakes, user, 0)
   moved = moved + 1
 end
-redis.call('LTRIM', KEYS[4], 0, 63)
+if moved > 0 then wake(wakes) end
 return moved
 """
 )
 
-# KEYS: running, consumers. ARGV: the name of a processing list without its consumer id.
-# ``running`` counted again from what the processing lists of the shard's consumers hold, all in
-# one script, so no pop can come between the count and the write (the reaper's repair: a count
-# left wrong by a Redis that lost some keys is right again).
+# KEYS: running, consumers. ARGV: the name of each queue's processing lists without the
+# consumer id. ``running`` counted again from what the processing lists of the shard's consumers
+# hold in every queue, all in one script, so no pop can come between the count and the write
+# (the reaper's repair: a count left wrong by a Redis that lost some keys is right again).
 _RECOUNT = """
 local counts = {}
 for _, consumer in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  for _, raw in ipairs(redis.call('LRANGE', ARGV[1] .. consumer, 0, -1)) do
-    local user = cjson.decode(raw)['userKey']
-    if type(user) == 'string' and user ~= '' then counts[user] = (counts[user] or 0) + 1 end
+  for _, processing in ipairs(ARGV) do
+    for _, raw in ipairs(redis.call('LRANGE', processing .. consumer, 0, -1)) do
+      local user = cjson.decode(raw)['userKey']
+      if type(user) == 'string' and user ~= '' then counts[user] = (counts[user] or 0) + 1 end
+    end
   end
 end
 redis.call('DEL', KEYS[1])
@@ -261,8 +279,8 @@ return total
 """
 
 MARKER_TTL_S = 7 * 24 * 3600
-# Every process re-adds its shards to the queue's registry this often, so a registry lost with
-# Redis's data comes back; consumers re-read it this often to find shards to drain.
+# Every process re-adds its shards to the registry this often, so a registry lost with Redis's
+# data comes back; consumers re-read it this often to find shards to drain.
 REGISTER_EVERY_S = 30.0
 DISCOVER_EVERY_S = 2.0
 READY_KEY_TTL_MS = 5000  # the keys /readyz writes expire at once
@@ -273,17 +291,17 @@ CLUSTER_WAIT_SLICE_S = 0.25
 
 @dataclass(frozen=True)
 class _Discovery:
-    """A queue's shards beyond the configured ones, as last read from its registry."""
+    """The shards beyond the configured ones, as last read from the registry."""
 
     expires: float  # monotonic
     extra: tuple  # every other tag some process registered
-    draining: tuple  # those of them still holding waiting messages
+    draining: dict  # queue name -> those of them still holding its waiting messages
 
 
 class RedisQueue(Queue):
-    """Redis lists. Every key starts with one prefix and, per queue shard, a hash tag
-    (``aijob:{ai-interactive}:…`` with one shard, ``aijob:{ai-interactive:3}:…`` with several) so
-    a shard's keys share a Redis Cluster slot."""
+    """Redis lists. Every key starts with one prefix and a shard's hash tag, the shard's number
+    (``aijob:{0}:ai-interactive:band:1``; with four shards ``{0}`` … ``{3}``), so a shard's
+    keys, those of every queue, share a Redis Cluster slot."""
 
     def __init__(self, url, prefix='aijob', shards=1, user_weights=None, max_running_per_user=0):
         self.prefix = prefix
@@ -292,7 +310,7 @@ class RedisQueue(Queue):
         self.max_running_per_user = max_running_per_user
         self._rotation = itertools.count()  # where the next pop starts, so no shard starves
         self._registered_at = None
-        self._discovered = {}  # queue -> _Discovery
+        self._discovered = None  # _Discovery
         self._discover_lock = threading.Lock()
         self.url = url
         self._client = None
@@ -331,48 +349,49 @@ class RedisQueue(Queue):
         return self._scripts[name]
 
     # -- shards and keys
-    def shard_tags(self, queue_name):
-        """The hash tags of a queue's configured shards: the queue's name alone with one shard
-        (the key names of an unsharded deployment), else ``queue:0`` … ``queue:N-1``."""
-        if self.shards == 1:
-            return [queue_name]
-        return ['%s:%d' % (queue_name, i) for i in range(self.shards)]
+    def shard_tags(self):
+        """The hash tags of the configured shards: ``0`` … ``N-1``, the same for every queue."""
+        return [str(shard) for shard in range(self.shards)]
 
     def tag_of(self, message):
         """A job's shard, from its user key (from its id when it has none): the same in every
-        process with the same shard count. One user's messages share a shard, so the user's
-        turns and running count sit in one slot."""
-        if self.shards == 1:
-            return message.queue_name
+        process with the same shard count, and the same for the user's messages of every queue,
+        so the user's turns and running count sit in one slot."""
         spread = message.user_key or message.job_id
-        shard = zlib.crc32(spread.encode('utf-8')) % self.shards
-        return '%s:%d' % (message.queue_name, shard)
+        return str(zlib.crc32(spread.encode('utf-8')) % self.shards)
 
     def _key(self, tag, *parts):
         return ':'.join((self.prefix, '{%s}' % tag) + parts)
 
-    def _bands(self, tag):
+    def _bands(self, tag, queue_name):
         """Each band's shared list; the band's users' lists and rotation hang off its name."""
-        return [self._key(tag, 'band', str(b)) for b in range(BANDS)]
+        return [self._key(tag, queue_name, 'band', str(b)) for b in range(BANDS)]
 
-    def _band_keys(self, tag, *parts):
+    def _band_keys(self, tag, queue_name, *parts):
         """Per band, most urgent first: its shared list, then each of ``parts`` of it
         ('users': the rotation, 'turn', 'round')."""
         keys = []
-        for band in self._bands(tag):
+        for band in self._bands(tag, queue_name):
             keys += [band] + [band + ':' + part for part in parts]
         return keys
 
-    def _processing(self, tag, consumer_id):
-        return self._key(tag, 'processing', consumer_id)
+    def _processing(self, tag, queue_name, consumer_id):
+        return self._key(tag, queue_name, 'processing', consumer_id)
+
+    def _wake(self, tag, queue_name):
+        return self._key(tag, queue_name, 'wake')
+
+    def _wakes(self, tag):
+        """The wake lists of every queue of a shard."""
+        return [self._wake(tag, queue_name) for queue_name in QUEUE_NAMES]
 
     def _marker(self, tag, message):
         return self._key(tag, 'job', message.queue_job_id)
 
-    def _registry(self, queue_name):
+    def _registry(self):
         """The set of every shard tag a process has pushed to or consumed from (its own slot:
         only ever read alone)."""
-        return '%s:shards:%s' % (self.prefix, queue_name)
+        return '%s:shard-tags' % self.prefix
 
     def heartbeat_key(self, consumer_id):
         return '%s:worker:heartbeat:%s' % (self.prefix, consumer_id)
@@ -381,44 +400,43 @@ class RedisQueue(Queue):
         return '%s:job:cancel:%s' % (self.prefix, job_id)
 
     def _register(self):
-        """Add this process's shards to the queues' registries (at most every
-        REGISTER_EVERY_S), so consumers configured with fewer shards find them and drain
-        them."""
+        """Add this process's shards to the registry (at most every REGISTER_EVERY_S), so
+        consumers configured with fewer shards find them and drain them."""
         now = time.monotonic()
         if self._registered_at is not None and now < self._registered_at + REGISTER_EVERY_S:
             return
-        pipe = self.redis.pipeline(transaction=False)
-        for queue_name in QUEUE_NAMES:
-            pipe.sadd(self._registry(queue_name), *self.shard_tags(queue_name))
-        pipe.execute()
+        self.redis.sadd(self._registry(), *self.shard_tags())
         self._registered_at = now
 
-    def _discover(self, queue_name):
-        """The queue's registered shards beyond the configured ones, re-read every
-        DISCOVER_EVERY_S: all of them (recovery, markers, counts) and those still holding
-        waiting messages (which consumers drain)."""
-        found = self._discovered.get(queue_name)
+    def _discover(self):
+        """The registered shards beyond the configured ones, re-read every DISCOVER_EVERY_S:
+        all of them (recovery, markers, counts) and, per queue, those still holding its waiting
+        messages (which its consumers drain)."""
+        found = self._discovered
         if found is not None and time.monotonic() < found.expires:
             return found
         with self._discover_lock:  # one thread reads; the others use its answer
-            found = self._discovered.get(queue_name)
+            found = self._discovered
             if found is None or time.monotonic() >= found.expires:
-                found = self._read_registry(queue_name)
-                self._discovered[queue_name] = found
+                found = self._read_registry()
+                self._discovered = found
         return found
 
-    def _read_registry(self, queue_name):
-        configured = set(self.shard_tags(queue_name))
-        extra = sorted(set(self.redis.smembers(self._registry(queue_name))) - configured)
-        draining = tuple(tag for tag in extra if self._waiting(tag))
+    def _read_registry(self):
+        configured = set(self.shard_tags())
+        extra = sorted(set(self.redis.smembers(self._registry())) - configured)
+        draining = {
+            queue_name: tuple(tag for tag in extra if self._waiting(tag, queue_name))
+            for queue_name in QUEUE_NAMES
+        }
         return _Discovery(time.monotonic() + DISCOVER_EVERY_S, tuple(extra), draining)
 
-    def _all_tags(self, queue_name):
-        return self.shard_tags(queue_name) + list(self._discover(queue_name).extra)
+    def _all_tags(self):
+        return self.shard_tags() + list(self._discover().extra)
 
-    def _waiting(self, tag):
-        """The messages waiting in a shard (one read-only script: its slot's keys)."""
-        return int(self._script('waiting')(keys=self._band_keys(tag, 'users')))
+    def _waiting(self, tag, queue_name):
+        """A queue's messages waiting in a shard (one read-only script: its slot's keys)."""
+        return int(self._script('waiting')(keys=self._band_keys(tag, queue_name, 'users')))
 
     def _lengths(self, keys):
         """LLEN of each key, in one pipeline (keys of any slots)."""
@@ -430,14 +448,14 @@ class RedisQueue(Queue):
     # -- contract
     def _push_keys(self, message):
         tag = self.tag_of(message)
-        band = self._bands(tag)[band_of(message.priority)]
+        band = self._bands(tag, message.queue_name)[band_of(message.priority)]
         return [
             self._marker(tag, message),
             band,
             band + ':users',
             self._key(tag, 'seq'),
             self._key(tag, 'weights'),
-            self._key(tag, 'wake'),
+            self._wake(tag, message.queue_name),
             band + ':round',
         ]
 
@@ -454,7 +472,7 @@ class RedisQueue(Queue):
     @translate_errors
     def push_many(self, messages):
         """One pipeline of push scripts: one round trip for a dispatcher's whole batch. Each
-        script call stays within one queue's slot."""
+        script call stays within one shard's slot."""
         if len(messages) == 1:  # a pipeline checks its scripts first: one more round trip
             return [self.push(messages[0])]
         self._register()
@@ -477,20 +495,20 @@ class RedisQueue(Queue):
 
     @translate_errors
     def pop_many(self, queue_name, consumer_id, limit, timeout_s):
-        """Sweep the queue's shards, each time from the next one (so a busy shard cannot starve
-        the others), taking up to ``limit`` messages: one script (one round trip) per shard
-        visited, most urgent band first and the users in turn within each shard. Shards beyond
-        the configured count that still hold messages are swept too, so changing the count
-        loses nothing."""
+        """Sweep the shards, each time from the next one (so a busy shard cannot starve the
+        others), taking up to ``limit`` of the queue's messages: one script (one round trip) per
+        shard visited, most urgent band first and the users in turn within each shard. Shards
+        beyond the configured count that still hold the queue's messages are swept too, so
+        changing the count loses nothing."""
         self._register()
         deadline = time.monotonic() + timeout_s
         while True:
-            tags = self.shard_tags(queue_name) + list(self._discover(queue_name).draining)
+            tags = self.shard_tags() + list(self._discover().draining[queue_name])
             start = next(self._rotation) % len(tags)
             tags = tags[start:] + tags[:start]
             deliveries = []
             for tag in tags:
-                keys = self._pop_keys(tag, consumer_id)
+                keys = self._pop_keys(tag, queue_name, consumer_id)
                 args = [consumer_id, limit - len(deliveries), self.max_running_per_user]
                 raws = self._script('pop')(keys=keys, args=args)
                 deliveries += [Delivery(Message.decode(r), r, consumer_id, tag) for r in raws]
@@ -501,16 +519,16 @@ class RedisQueue(Queue):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            self._wait([self._key(tag, 'wake') for tag in tags], remaining)
+            self._wait([self._wake(tag, queue_name) for tag in tags], remaining)
 
-    def _pop_keys(self, tag, consumer_id):
+    def _pop_keys(self, tag, queue_name, consumer_id):
         return [
-            self._processing(tag, consumer_id),
+            self._processing(tag, queue_name, consumer_id),
             self._key(tag, 'consumers'),
             self._key(tag, 'seq'),
             self._key(tag, 'weights'),
             self._key(tag, 'running'),
-        ] + self._band_keys(tag, 'users', 'turn', 'round')
+        ] + self._band_keys(tag, queue_name, 'users', 'turn', 'round')
 
     def _wait(self, wake_keys, remaining):
         """Sleep until a push wakes us (BLPOP on the shards' wake lists), then sweep again. One
@@ -525,27 +543,26 @@ class RedisQueue(Queue):
         tag, m = delivery.source, delivery.message
         self._script('ack')(
             keys=[
-                self._processing(tag, delivery.consumer_id),
+                self._processing(tag, m.queue_name, delivery.consumer_id),
                 self._marker(tag, m),
                 self._key(tag, 'running'),
-                self._key(tag, 'wake'),
-            ],
+            ]
+            + self._wakes(tag),
             args=[delivery.raw, m.user_key, self.max_running_per_user],
         )
 
     @translate_errors
     def ack_many(self, deliveries):
-        """One script per shard the deliveries came from (one round trip with one shard)."""
-        by_tag = {}
-        for delivery in deliveries:
-            by_tag.setdefault((delivery.source, delivery.consumer_id), []).append(delivery)
-        for (tag, consumer_id), group in by_tag.items():
-            keys = [
-                self._processing(tag, consumer_id),
-                self._key(tag, 'running'),
-                self._key(tag, 'wake'),
-            ]
-            args = [self.max_running_per_user]
+        """One script per shard and processing list the deliveries came from (one round trip
+        with one shard)."""
+        groups = {}
+        for d in deliveries:
+            groups.setdefault((d.source, d.message.queue_name, d.consumer_id), []).append(d)
+        for (tag, queue_name, consumer_id), group in groups.items():
+            wakes = self._wakes(tag)
+            keys = [self._processing(tag, queue_name, consumer_id), self._key(tag, 'running')]
+            keys += wakes
+            args = [self.max_running_per_user, len(wakes)]
             for d in group:
                 keys.append(self._marker(tag, d.message))
                 args += [d.raw, d.message.user_key]
@@ -554,16 +571,16 @@ class RedisQueue(Queue):
     @translate_errors
     def release(self, delivery):
         m, tag = delivery.message, delivery.source
-        band = self._bands(tag)[band_of(m.priority)]
+        band = self._bands(tag, m.queue_name)[band_of(m.priority)]
         self._script('release')(
             keys=[
-                self._processing(tag, delivery.consumer_id),
+                self._processing(tag, m.queue_name, delivery.consumer_id),
                 band,
                 band + ':users',
                 self._key(tag, 'seq'),
                 self._key(tag, 'running'),
-                self._key(tag, 'wake'),
-            ],
+            ]
+            + self._wakes(tag),
             args=[delivery.raw, m.user_key],
         )
 
@@ -579,12 +596,12 @@ class RedisQueue(Queue):
 
     @translate_errors
     def recover_orphans(self):
-        """Every shard of every queue, those beyond the configured count included; then each
-        shard's running counts are counted again from its live consumers' processing lists."""
+        """Every shard, those beyond the configured count included, every queue of each; then
+        each shard's running counts are counted again from its live consumers' processing
+        lists."""
         moved, alive = 0, {}
-        for queue_name in QUEUE_NAMES:
-            for tag in self._all_tags(queue_name):
-                moved += self._recover_shard(tag, alive)
+        for tag in self._all_tags():
+            moved += self._recover_shard(tag, alive)
         return moved
 
     def _recover_shard(self, tag, alive):
@@ -595,26 +612,27 @@ class RedisQueue(Queue):
                 alive[consumer_id] = bool(self.redis.exists(self.heartbeat_key(consumer_id)))
             if alive[consumer_id]:
                 continue
-            keys = [
-                self._processing(tag, consumer_id),
-                self._key(tag, 'seq'),
-                self._key(tag, 'running'),
-                self._key(tag, 'wake'),
-            ] + self._band_keys(tag, 'users')
-            moved += int(self._script('recover')(keys=keys))
+            for queue_name in QUEUE_NAMES:
+                keys = [
+                    self._processing(tag, queue_name, consumer_id),
+                    self._key(tag, 'seq'),
+                    self._key(tag, 'running'),
+                ]
+                keys += self._band_keys(tag, queue_name, 'users') + self._wakes(tag)
+                moved += int(self._script('recover')(keys=keys, args=[BANDS]))
             self.redis.srem(consumers_key, consumer_id)
         self._script('recount')(
-            keys=[self._key(tag, 'running'), consumers_key], args=[self._processing(tag, '')]
+            keys=[self._key(tag, 'running'), consumers_key],
+            args=[self._processing(tag, queue_name, '') for queue_name in QUEUE_NAMES],
         )
         return moved
 
     @translate_errors
-    def running(self, queue_name, user_key):
-        """Messages of this user held in consumers' processing lists, in this queue (what the
-        running cap counts)."""
-        tags = self._all_tags(queue_name)
+    def running(self, user_key):
+        """Messages of this user held in consumers' processing lists, over every queue (what
+        the running cap counts)."""
         pipe = self.redis.pipeline(transaction=False)
-        for tag in tags:
+        for tag in self._all_tags():
             pipe.hget(self._key(tag, 'running'), user_key)
         return sum(int(n or 0) for n in pipe.execute())
 
@@ -623,7 +641,7 @@ class RedisQueue(Queue):
         """Its marker in its shard, or in any other registered shard (a process with another
         shard count may have pushed it)."""
         tags = [self.tag_of(message)]
-        tags += [t for t in self._all_tags(message.queue_name) if t != tags[0]]
+        tags += [t for t in self._all_tags() if t != tags[0]]
         pipe = self.redis.pipeline(transaction=False)
         for tag in tags:
             pipe.exists(self._marker(tag, message))
@@ -651,49 +669,47 @@ class RedisQueue(Queue):
 
     @translate_errors
     def check_ready(self):
-        """A write where the queues live: a short-lived key SET in every configured shard of
-        every queue (on a cluster, the node of each shard's slot), so a read-only replica, a
-        lost master or an unreachable shard fails. A single-server URL that names a cluster
-        node is the wrong node: its keys of other slots would be MOVED."""
+        """A write where the queues live: a short-lived key SET in every configured shard (on a
+        cluster, the node of each shard's slot), so a read-only replica, a lost master or an
+        unreachable shard fails. A single-server URL that names a cluster node is the wrong
+        node: its keys of other slots would be MOVED."""
         client = self.redis
         if not is_cluster(client) and client.info('cluster').get('cluster_enabled'):
             raise QueueUnavailableError('redis: a cluster node behind a single-server URL')
         pipe = client.pipeline(transaction=False)
-        for queue_name in QUEUE_NAMES:
-            for tag in self.shard_tags(queue_name):
-                pipe.set(self._key(tag, 'ready'), '1', px=READY_KEY_TTL_MS)
+        for tag in self.shard_tags():
+            pipe.set(self._key(tag, 'ready'), '1', px=READY_KEY_TTL_MS)
         pipe.execute()
 
     @translate_errors
     def depth(self, queue_name):
-        return sum(self._waiting(tag) for tag in self._all_tags(queue_name))
+        return sum(self._waiting(tag, queue_name) for tag in self._all_tags())
 
     @translate_errors
     def in_flight(self, queue_name):
         processing = []
-        for tag in self._all_tags(queue_name):
+        for tag in self._all_tags():
             for consumer_id in self.redis.smembers(self._key(tag, 'consumers')):
-                processing.append(self._processing(tag, consumer_id))
+                processing.append(self._processing(tag, queue_name, consumer_id))
         return sum(self._lengths(processing))
 
     @translate_errors
     def shard_lengths(self, queue_name):
-        tags = self._all_tags(queue_name)
+        tags = self._all_tags()
         processing = {}
         for tag in tags:
             consumers = self.redis.smembers(self._key(tag, 'consumers'))
-            processing[tag] = [self._processing(tag, consumer) for consumer in consumers]
+            processing[tag] = [self._processing(tag, queue_name, c) for c in consumers]
         lengths = iter(self._lengths([key for tag in tags for key in processing[tag]]))
-        waiting = {tag: self._waiting(tag) for tag in tags}
+        waiting = {tag: self._waiting(tag, queue_name) for tag in tags}
         return {tag: (waiting[tag], sum(next(lengths) for _ in processing[tag])) for tag in tags}
 
     @translate_errors
     def consumers(self):
-        """Every consumer registered on a shard of any queue, kept if its heartbeat key lives."""
+        """Every consumer registered on any shard, kept if its heartbeat key lives."""
         known = set()
-        for queue_name in QUEUE_NAMES:
-            for tag in self._all_tags(queue_name):
-                known.update(self.redis.smembers(self._key(tag, 'consumers')))
+        for tag in self._all_tags():
+            known.update(self.redis.smembers(self._key(tag, 'consumers')))
         known = sorted(known)
         pipe = self.redis.pipeline(transaction=False)
         for consumer_id in known:

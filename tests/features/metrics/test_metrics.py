@@ -126,8 +126,11 @@ def test_gauges_read_the_store_and_the_queue_at_scrape_time(api, backend):
     assert value(samples, 'aijob_jobs_running', worker='worker-x') == 1
     assert value(samples, 'aijob_outbox_dead_events') == 0
     assert value(samples, 'aijob_outbox_oldest_pending_age_seconds') >= 0
-    shards = {dict(labels)['shard'] for (name, labels) in samples if name == 'aijob_queue_depth'}
-    assert 'ai-interactive' in shards and 'ai-background' in shards
+    labels = [dict(labels) for (name, labels) in samples if name == 'aijob_queue_depth']
+    assert {(d['queue'], d['shard']) for d in labels} == {
+        ('ai-interactive', '0'),
+        ('ai-background', '0'),
+    }
 
 
 def test_the_busiest_users_waiting_jobs_and_waits_exactly(api):

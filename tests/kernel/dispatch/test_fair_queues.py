@@ -10,8 +10,9 @@ import pytest
 
 from engine.core.fairness import user_key
 from engine.core.outbox import WAKE_EVENT
+from engine.dispatch.housekeeping import message_for_job
 from engine.dispatch.memory_queue import MemoryQueue
-from engine.dispatch.queue import Message
+from engine.dispatch.queue import Message, band_of
 from engine.dispatch.redis_queue import RedisQueue
 from tests.support.backends import REDIS_URL, delete_redis_keys, require_servers
 from tests.support.helpers import create_job
@@ -44,8 +45,8 @@ def message(user, priority=50, queue_name='ai-interactive'):
     return Message.for_job(job_id, 'synthetic', queue_name, priority, user_key(user))
 
 
-def push(queue, user, count, priority=50):
-    messages = [message(user, priority) for _ in range(count)]
+def push(queue, user, count, priority=50, queue_name='ai-interactive'):
+    messages = [message(user, priority, queue_name) for _ in range(count)]
     for m in messages:
         assert queue.push(m)
     return messages
@@ -55,10 +56,10 @@ def owner(delivery):
     return delivery.message.job_id.rsplit('-', 1)[0]
 
 
-def pops(queue, count, consumer='c1'):
+def pops(queue, count, consumer='c1', queue_name='ai-interactive'):
     taken = []
     for _ in range(count):
-        delivery = queue.pop('ai-interactive', consumer, timeout_s=0.05)
+        delivery = queue.pop(queue_name, consumer, timeout_s=0.05)
         if delivery is None:
             break
         taken.append(delivery)
@@ -163,7 +164,7 @@ def test_a_user_at_the_running_cap_is_passed_over_until_an_ack(make_queue):
     push(queue, 'b', 1)
     taken = pops(queue, 5)
     assert sorted(owner(d) for d in taken) == ['a', 'a', 'b']  # a's third waits
-    assert queue.running('ai-interactive', user_key('a')) == 2
+    assert queue.running(user_key('a')) == 2
     queue.ack(taken[0] if owner(taken[0]) == 'a' else taken[1])
     assert [owner(d) for d in pops(queue, 5)] == ['a']
     assert queue.depth('ai-interactive') == 2
@@ -197,7 +198,7 @@ def test_a_dead_consumers_running_count_is_released(make_queue):
     assert pops(queue, 1, consumer='c2') == []
     time.sleep(0.1)
     assert queue.recover_orphans() == 1
-    assert queue.running('ai-interactive', user_key('a')) == 0
+    assert queue.running(user_key('a')) == 0
     assert len(pops(queue, 5, consumer='c2')) == 1  # one at a time still
 
 
@@ -211,11 +212,136 @@ def test_redis_counts_running_again_from_the_processing_lists():
         queue.heartbeat('c1', ttl_ms=60_000)
         push(queue, 'a', 3)
         assert len(pops(queue, 3)) == 2
-        running = queue._key('ai-interactive', 'running')
+        running = queue._key('0', 'running')
         queue.redis.hset(running, user_key('a'), 9)  # drifted
         queue.redis.hset(running, user_key('ghost'), 4)
         assert queue.recover_orphans() == 0
         assert queue.redis.hgetall(running) == {user_key('a'): '2'}
+    finally:
+        queue.close()
+        delete_redis_keys(prefix)
+
+
+# ---------------------------------------------------------------- the cap across the queues
+BOTH = ('ai-interactive', 'ai-background')
+
+
+@pytest.mark.parametrize('shards', [1, 4])
+def test_the_cap_counts_a_users_jobs_in_both_queues_together(make_queue, shards):
+    queue = make_queue(shards=shards, max_running_per_user=2)
+    push(queue, 'a', 3, queue_name='ai-interactive')
+    push(queue, 'a', 3, queue_name='ai-background')
+    push(queue, 'b', 1, queue_name='ai-background')
+    held = pops(queue, 5, queue_name='ai-interactive')
+    assert [owner(d) for d in held] == ['a', 'a']
+    # a holds 2 already: in the other queue a is passed over, b is not.
+    assert [owner(d) for d in pops(queue, 5, queue_name='ai-background')] == ['b']
+    assert queue.running(user_key('a')) == 2
+    queue.ack(held[0])
+    [bg] = pops(queue, 5, consumer='c2', queue_name='ai-background')
+    assert owner(bg) == 'a' and queue.running(user_key('a')) == 2
+    assert pops(queue, 5, queue_name='ai-interactive') == []
+    queue.release(bg)  # handed back: the count drops with it, in whichever queue
+    assert [owner(d) for d in pops(queue, 5, queue_name='ai-interactive')] == ['a']
+    assert queue.depth('ai-interactive') == 0 and queue.depth('ai-background') == 3
+    assert queue.running(user_key('a')) == 2
+
+
+def test_a_batch_pop_stops_at_the_cap_counted_over_both_queues(make_queue):
+    queue = make_queue(max_running_per_user=3)
+    push(queue, 'a', 5, queue_name='ai-background')
+    push(queue, 'a', 5, queue_name='ai-interactive')
+    assert len(queue.pop_many('ai-background', 'c1', 2, timeout_s=0.1)) == 2
+    assert len(queue.pop_many('ai-interactive', 'c1', 10, timeout_s=0.1)) == 1
+    assert queue.pop_many('ai-background', 'c1', 10, timeout_s=0.05) == []
+
+
+def test_an_ack_in_one_queue_wakes_a_consumer_of_the_other(make_queue):
+    queue = make_queue(max_running_per_user=1)
+    push(queue, 'a', 1, queue_name='ai-interactive')
+    push(queue, 'a', 1, queue_name='ai-background')
+    [first] = pops(queue, 1, queue_name='ai-interactive')
+    assert pops(queue, 1, queue_name='ai-background') == []
+    threading.Timer(0.2, lambda: queue.ack(first)).start()
+    began = time.monotonic()
+    second = queue.pop('ai-background', 'c2', timeout_s=30)
+    assert second is not None and time.monotonic() - began < 30  # woken, not timed out
+
+
+def test_a_dead_consumers_jobs_in_one_queue_free_the_cap_in_the_other(make_queue):
+    queue = make_queue(max_running_per_user=1)
+    queue.heartbeat('dead', ttl_ms=50)
+    queue.heartbeat('c2', ttl_ms=60_000)
+    [held] = push(queue, 'a', 1, queue_name='ai-interactive')
+    push(queue, 'a', 1, queue_name='ai-background')
+    assert [d.message for d in pops(queue, 1, consumer='dead')] == [held]
+    assert pops(queue, 1, consumer='c2', queue_name='ai-background') == []
+    time.sleep(0.1)  # the dead consumer's heartbeat lapses (ttl 50 ms)
+    assert queue.recover_orphans() == 1
+    assert queue.running(user_key('a')) == 0
+    assert len(pops(queue, 5, consumer='c2', queue_name='ai-background')) == 1
+    assert pops(queue, 5, consumer='c2') == []  # the recovered one waits: a is at 1 again
+
+
+@pytest.mark.parametrize('shards', [1, 4])
+def test_racing_consumers_of_both_queues_never_hold_more_than_the_cap(make_queue, shards):
+    race_both_queues(make_queue(shards=shards, max_running_per_user=2), cap=2)
+
+
+def race_both_queues(queue, cap):
+    """Six consumers, three per queue, pop and ack one user's messages as fast as they can:
+    what they hold at once (counted between each pop's return and its ack, so never more than
+    the queue counted) stays within the cap, and every message is taken once."""
+    pushed = push(queue, 'a', 40, queue_name='ai-interactive')
+    pushed += push(queue, 'a', 40, queue_name='ai-background')
+    lock, holding, most, taken = threading.Lock(), [0], [0], []
+
+    def consume(queue_name, consumer):
+        idle = 0
+        while idle < 3:
+            delivery = queue.pop(queue_name, consumer, timeout_s=0.2)
+            if delivery is None:
+                idle += 1
+                continue
+            idle = 0
+            with lock:
+                holding[0] += 1
+                most[0] = max(most[0], holding[0])
+                taken.append(delivery.message)
+            time.sleep(0.005)  # the job's run
+            with lock:
+                holding[0] -= 1
+            queue.ack(delivery)
+
+    threads = [
+        threading.Thread(target=consume, args=(name, '%s-%d' % (name, i)))
+        for name in BOTH
+        for i in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(m.job_id for m in taken) == sorted(m.job_id for m in pushed)
+    assert 1 <= most[0] <= cap
+    assert queue.running(user_key('a')) == 0
+
+
+def test_redis_counts_running_again_over_both_queues():
+    """The reaper's recount sees a user's messages in the processing lists of every queue."""
+    require_servers('redis')
+    prefix = 'aijob-test-fair-recount2-%d' % time.monotonic_ns()
+    queue = RedisQueue(REDIS_URL, prefix=prefix, shards=4, max_running_per_user=5)
+    try:
+        queue.heartbeat('c1', ttl_ms=60_000)
+        [one] = push(queue, 'a', 1, queue_name='ai-interactive')
+        push(queue, 'a', 1, queue_name='ai-background')
+        assert len(pops(queue, 1)) == len(pops(queue, 1, queue_name='ai-background')) == 1
+        running = queue._key(queue.tag_of(one), 'running')
+        queue.redis.delete(running)  # lost
+        assert queue.recover_orphans() == 0
+        assert queue.redis.hgetall(running) == {user_key('a'): '2'}
+        assert queue.running(user_key('a')) == 2
     finally:
         queue.close()
         delete_redis_keys(prefix)
@@ -294,6 +420,29 @@ def test_the_reconciler_rebuilds_the_users_turns_after_redis_lost_its_keys(engin
     assert sorted(d.message.job_id for d in taken) == sorted(j.id for j in jobs)
 
 
+def test_the_reconciler_publishes_again_what_the_key_layout_before_held(engine_rt):
+    """The upgrade to shard tags shared by the queues: messages left under the keys of the
+    version before (a hash tag per queue) are never read; the jobs are still queued in the
+    database, so the reconciler publishes them again under the new keys."""
+    rt = engine_rt
+    if not isinstance(rt.queue, RedisQueue):
+        pytest.skip('the in-process queue keeps no keys: a restart empties it')
+    jobs = [create_job(rt, user_id='user-%d' % (i % 2), target_id='u%d' % i) for i in range(4)]
+    delete_redis_keys(rt.config.redis_prefix)  # a process of the version before pushed them:
+    for job in jobs:  # its keys, its registry
+        message = message_for_job(job)
+        old = '%s:{%s}' % (rt.config.redis_prefix, message.queue_name)
+        band = '%s:band:%d:u:%s' % (old, band_of(message.priority), message.user_key)
+        rt.queue.redis.rpush(band, message.encode())
+        rt.queue.redis.set('%s:job:%s' % (old, message.queue_job_id), message.encode())
+        rt.queue.redis.sadd('%s:shards:%s' % (rt.config.redis_prefix, message.queue_name), old)
+    assert not any(rt.queue.has_entry(message_for_job(job)) for job in jobs)
+    assert rt.queue.depth('ai-interactive') == 0
+    assert rt.reconciler.sweep(after_ms=0) == 4
+    taken = pops(rt.queue, 10)
+    assert sorted(d.message.job_id for d in taken) == sorted(j.id for j in jobs)
+
+
 def test_a_newcomer_goes_before_a_user_already_served_in_this_round(make_queue):
     """A alone was served three times; B and C arrive: their first messages go before A's next
     (they join the round being served; A's turn ended and moved it to the next)."""
@@ -314,7 +463,7 @@ def test_a_lost_round_key_gives_a_newcomer_one_turn_ahead_not_every_turn():
     try:
         push(queue, 'a', 30)
         assert len(pops(queue, 20)) == 20  # a's round is 20 now
-        queue.redis.delete(queue._bands('ai-interactive')[1] + ':round')
+        queue.redis.delete(queue._bands('0', 'ai-interactive')[1] + ':round')
         push(queue, 'b', 5)
         assert ''.join(owner(d) for d in pops(queue, 6)) == 'bababa'
     finally:

@@ -15,6 +15,7 @@ from engine.dispatch.queue import Message
 from engine.dispatch.redis_client import connect
 from engine.dispatch.redis_queue import RedisQueue
 from engine.http.app import create_app
+from tests.kernel.dispatch.test_fair_queues import race_both_queues
 from tests.kernel.dispatch.test_faults import (  # noqa: F401 (own_database is a fixture)
     RECOVERY,
     Processes,
@@ -126,12 +127,11 @@ def test_a_three_master_cluster_runs_every_job_once_over_four_shards(
         jobs = assert_each_committed_once(runtime, ids)
         assert {j.lifecycle_status for j in jobs.values()} == {'succeeded'}
         assert {j.attempt_no for j in jobs.values()} == {1}
-        # The shards really spread over the nodes: each queue's 4 lists live on several of them.
+        # The shards really spread over the nodes: the 4 shards live on several of them.
         queue = runtime.queue
         nodes = {
-            queue.redis.get_node_from_key(queue._key(tag, 'wake')).name
-            for name in ('ai-interactive', 'ai-background')
-            for tag in queue.shard_tags(name)
+            queue.redis.get_node_from_key(queue._key(tag, 'running')).name
+            for tag in queue.shard_tags()
         }
         assert len(nodes) >= 2, nodes
 
@@ -156,6 +156,20 @@ def test_a_three_master_cluster_runs_every_job_once_over_four_shards(
     finally:
         procs.close()
         runtime.close()
+
+
+def test_the_running_cap_holds_across_both_queues_on_a_cluster(redis_cluster):
+    """Four shards over three primaries: a user's messages of both queues share one shard's
+    slot, so each pop script counts the user over both queues."""
+    queue = RedisQueue(redis_cluster.url, prefix='cap', shards=4, max_running_per_user=2)
+    race_both_queues(queue, cap=2)
+    queue.close()
+
+
+def test_the_running_cap_holds_across_both_queues_under_sentinel(sentinel_group):
+    queue = RedisQueue(sentinel_group.url, prefix='cap', shards=2, max_running_per_user=2)
+    race_both_queues(queue, cap=2)
+    queue.close()
 
 
 def test_a_single_server_url_on_a_cluster_node_is_not_ready(redis_cluster):
