@@ -9,7 +9,6 @@ job (RUN_MS): each newcomer's first job starts within 2 run times of its create,
 their jobs within 3 s (first in, first out they waited behind 2 000 jobs: about 100 s)."""
 
 import datetime
-import random
 import threading
 import time
 
@@ -17,12 +16,12 @@ import pytest
 
 from engine.core.models import AiJob
 from engine.core.states import RUNNING, TERMINAL
-from tests.kernel.dispatch.test_faults import (  # noqa: F401 (own_database is a fixture)
+from tests.kernel.dispatch.test_faults import (
     RECOVERY,
     Processes,
     assert_each_committed_once,
+    kill_a_worker_every_2_s,  # noqa: F401 (own_database is a fixture)
     make_runtime,
-    own_database,
     statuses,
     wait_all_terminal,
 )
@@ -181,18 +180,8 @@ def test_kill_9_of_a_worker_every_2_s_over_1000_jobs_of_20_users(
                 ).id
                 for i in range(1000)
             ]
-        live = [procs.worker(wait=False), procs.worker(wait=False)]
-        started, kills = time.monotonic(), 0
-        deadline = started + 180
-        while time.monotonic() < deadline:
-            time.sleep(2)
-            if all(s in TERMINAL for s in statuses(runtime, ids).values()):
-                break
-            victim = live.pop(random.randrange(len(live)))
-            victim.kill()
-            victim.wait(30)
-            kills += 1
-            live.append(procs.worker(wait=False))
+        started = time.monotonic()
+        kills = kill_a_worker_every_2_s(procs, runtime, ids, deadline_s=180)
         wait_all_terminal(runtime, ids, timeout=120)
         jobs = assert_each_committed_once(runtime, ids)  # none run twice
         assert len(jobs) == 1000  # none lost

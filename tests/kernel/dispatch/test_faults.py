@@ -196,6 +196,24 @@ def test_redis_restarted_empty_with_50_slow_jobs_queued(tmp_path, own_database, 
 KILL_JOBS = int(os.environ.get('AIJOB_FAULT_KILL_JOBS', '2000'))
 
 
+def kill_a_worker_every_2_s(procs, runtime, ids, deadline_s):
+    """Two worker processes; every 2 s one of them, at random, is killed with SIGKILL and a new
+    one started, until every job of ``ids`` is terminal or ``deadline_s`` passed. Returns how
+    many were killed (the last workers are left running to finish the rest)."""
+    live = [procs.worker(wait=False), procs.worker(wait=False)]
+    deadline, kills = time.monotonic() + deadline_s, 0
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        if all(s in TERMINAL for s in statuses(runtime, ids).values()):
+            break
+        victim = live.pop(random.randrange(len(live)))
+        victim.kill()
+        victim.wait(30)
+        kills += 1
+        live.append(procs.worker(wait=False))
+    return kills
+
+
 def test_kill_9_of_a_worker_every_2_s_loses_nothing_and_commits_nothing_twice(
     tmp_path,
     own_database,
@@ -219,18 +237,8 @@ def test_kill_9_of_a_worker_every_2_s_loses_nothing_and_commits_nothing_twice(
                 ).id
                 for i in range(KILL_JOBS)
             ]
-        live = [procs.worker(wait=False), procs.worker(wait=False)]
-        started, kills = time.monotonic(), 0
-        deadline = started + 240
-        while time.monotonic() < deadline:
-            time.sleep(2)
-            if all(s in TERMINAL for s in statuses(runtime, ids).values()):
-                break
-            victim = live.pop(random.randrange(len(live)))
-            victim.kill()
-            victim.wait(30)
-            kills += 1
-            live.append(procs.worker(wait=False))
+        started = time.monotonic()
+        kills = kill_a_worker_every_2_s(procs, runtime, ids, deadline_s=240)
         wait_all_terminal(runtime, ids, timeout=120)  # the last workers finish the rest
         took = time.monotonic() - started
         jobs = assert_each_committed_once(runtime, ids)
