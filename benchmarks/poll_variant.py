@@ -1,0 +1,69 @@
+"""``python aijob.py web`` with one of its suspects changed, for ``poll_bench.py --variants``
+(issue 34, item 5): which part of the status GET's tail is aijob's. Each variant is the same
+``web`` with one thing changed, so that one run can compare them side by side:
+
+    default       ``web`` as it ships
+    no_reuse_port gunicorn's one listening socket shared by the workers, whichever wakes first
+                  accepting (16/0/0/0 to 4/4/4/4 of wrk's connections)
+    reuse_port    one listening socket per worker (SO_REUSEPORT): the kernel spreads connections
+    gc_off        the collector off in the workers (is a collection pause the tail?)
+
+    AIJOB_DATABASE_URL=mysql://… AIJOB_REDIS_URL=redis://… \\
+        python benchmarks/poll_variant.py reuse_port --port 8200 --workers 4
+"""
+
+import os
+import sys
+
+from gevent import monkey
+
+monkey.patch_all(aggressive=False)  # first, as aijob.py does for web
+
+import gc  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from engine import server  # noqa: E402
+
+
+def _reuse_port(on):
+    options_of = server.gunicorn_options
+
+    def options(*args, **kwargs):
+        return dict(options_of(*args, **kwargs), reuse_port=on)
+
+    server.gunicorn_options = options
+
+
+def _gc_off():
+    load = server.AijobGunicorn.load
+
+    def load_then_disable(self):
+        app = load(self)
+        gc.disable()
+        return app
+
+    server.AijobGunicorn.load = load_then_disable
+
+
+VARIANTS = {
+    'default': lambda: None,
+    'no_reuse_port': lambda: _reuse_port(False),
+    'reuse_port': lambda: _reuse_port(True),
+    'gc_off': _gc_off,
+}
+
+
+def main():
+    variant, rest = sys.argv[1], sys.argv[2:]
+    if variant not in VARIANTS:
+        raise SystemExit('poll_variant: one of %s' % ', '.join(VARIANTS))
+    VARIANTS[variant]()
+    import aijob  # noqa: PLC0415 (after the variant's change, as `python aijob.py web` would)
+
+    return aijob.main(['web'] + rest)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
