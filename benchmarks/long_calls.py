@@ -50,6 +50,7 @@ from engine.core.models import AiJob  # noqa: E402
 from engine.core.service import CreateJobInput  # noqa: E402
 from engine.core.states import TERMINAL  # noqa: E402
 from engine.extensions import load_config  # noqa: E402
+from engine.features.streams.channel import TEXT as TEXT_ENTRY  # noqa: E402
 from engine.features.streams.channel import open_text_channel  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
@@ -294,7 +295,7 @@ def _deltas(config, ids, stream_url):
     channel = open_text_channel(config)
     firsts, deltas, whole = [], 0, 0
     for n, job_id in enumerate(ids):
-        entries = [e for e in channel.read(job_id) if e.kind == 't']
+        entries = [e for e in channel.read(job_id) if e.kind == TEXT_ENTRY]
         deltas += len(entries)
         whole += ''.join(e.text for e in entries) == TEXT
         marker = 'long-calls-job-%d' % n
@@ -341,7 +342,11 @@ def peer_worker_argv(python, peer):
         return [os.path.join(bin_dir, 'dramatiq-gevent'), 'long_calls_peers']
     if peer == 'celery':
         return [python, '-m', 'celery', '-A', 'long_calls_peers', 'worker', '-P', 'gevent']
-    return [python, '-m', 'huey.bin.huey_consumer', 'long_calls_peers.huey', '-k', 'greenlet']
+    # Huey's greenlet workers leave the patching to the program (its consumer warns): patched
+    # first, as its documentation's own entry point would.
+    main = 'from gevent import monkey; monkey.patch_all()\n'
+    main += 'from huey.bin.huey_consumer import consumer_main; consumer_main()'
+    return [python, '-c', main, 'long_calls_peers.huey', '-k', 'greenlet']
 
 
 def _concurrency_args(peer, jobs):
