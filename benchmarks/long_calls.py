@@ -367,6 +367,7 @@ def run_peer(args, python, peer, stream_url):
         LONG_CALLS_PEER=peer,
         LONG_CALLS_REDIS_URL=args.peers_redis_url,
         LONG_CALLS_STREAM_URL=stream_url or '',
+        LONG_CALLS_CONNECTIONS=str(args.jobs + 16),
     )
     log = tempfile.NamedTemporaryFile(prefix='long-calls-%s-' % peer, suffix='.log', delete=False)
     argv = peer_worker_argv(python, peer) + _concurrency_args(peer, args.jobs)

@@ -2,8 +2,12 @@
 beside it) by their worker commands and by the enqueuing process. LONG_CALLS_PEER picks the
 framework (dramatiq, celery, huey), LONG_CALLS_REDIS_URL the broker; with LONG_CALLS_STREAM_URL
 each job reads a streamed completion from the loopback server (long_calls_server.py) instead of
-sleeping. Every job appends "enqueued started finished" (epoch seconds) to the Redis list DONE:
-the figures are read from there, the same way for every peer."""
+sleeping. LONG_CALLS_CONNECTIONS bounds each peer's Redis connections: redis-py 8 limits a pool
+to 100 by default and then raises, so every peer gets one pool of that many connections that
+waits for a free one instead (long_calls.py sets it to the concurrency plus a few, as the
+unbounded pools of earlier redis-py versions allowed). Every job appends "enqueued started
+finished" (epoch seconds) to the Redis list DONE: the figures are read from there, the same
+way for every peer."""
 
 import http.client
 import json
@@ -19,7 +23,10 @@ STREAM_URL = os.environ.get('LONG_CALLS_STREAM_URL', '')
 DONE = 'long-calls:done'
 FIRST = 'long-calls:first'
 
-_redis = redis.Redis.from_url(URL)
+CONNECTIONS = int(os.environ.get('LONG_CALLS_CONNECTIONS', '100'))
+
+_pool = redis.BlockingConnectionPool.from_url(URL, max_connections=CONNECTIONS, timeout=None)
+_redis = redis.Redis(connection_pool=_pool)
 
 
 def run_job(enqueued_at, sleep_s, marker):
@@ -47,7 +54,7 @@ if PEER == 'dramatiq':
     import dramatiq
     from dramatiq.brokers.redis import RedisBroker
 
-    dramatiq.set_broker(RedisBroker(url=URL))
+    dramatiq.set_broker(RedisBroker(connection_pool=_pool))
 
     @dramatiq.actor(max_retries=0, time_limit=600_000)
     def job(enqueued_at, sleep_s, marker):
@@ -60,6 +67,7 @@ elif PEER == 'celery':
     from celery import Celery
 
     app = Celery('long_calls_peers', broker=URL)
+    app.conf.broker_transport_options = {'max_connections': CONNECTIONS}
 
     @app.task(name='long_calls.job')
     def job(enqueued_at, sleep_s, marker):
@@ -71,7 +79,7 @@ elif PEER == 'celery':
 elif PEER == 'huey':
     from huey import RedisHuey
 
-    huey = RedisHuey('long-calls', url=URL)
+    huey = RedisHuey('long-calls', connection_pool=_pool)
 
     @huey.task()
     def job(enqueued_at, sleep_s, marker):

@@ -7,6 +7,8 @@
                   accepting (16/0/0/0 to 4/4/4/4 of wrk's connections)
     reuse_port    one listening socket per worker (SO_REUSEPORT): the kernel spreads connections
     gc_off        the collector off in the workers (is a collection pause the tail?)
+    no_keepalive  every answer closes its connection, as gunicorn's sync workers do: each
+                  request is accepted anew by whichever worker is free
 
     AIJOB_DATABASE_URL=mysql://… AIJOB_REDIS_URL=redis://… \\
         python benchmarks/poll_variant.py reuse_port --port 8200 --workers 4
@@ -27,11 +29,11 @@ sys.path.insert(0, ROOT)
 from engine import server  # noqa: E402
 
 
-def _reuse_port(on):
+def _option(name, value):
     options_of = server.gunicorn_options
 
     def options(*args, **kwargs):
-        return dict(options_of(*args, **kwargs), reuse_port=on)
+        return dict(options_of(*args, **kwargs), **{name: value})
 
     server.gunicorn_options = options
 
@@ -49,9 +51,10 @@ def _gc_off():
 
 VARIANTS = {
     'default': lambda: None,
-    'no_reuse_port': lambda: _reuse_port(False),
-    'reuse_port': lambda: _reuse_port(True),
+    'no_reuse_port': lambda: _option('reuse_port', False),
+    'reuse_port': lambda: _option('reuse_port', True),
     'gc_off': _gc_off,
+    'no_keepalive': lambda: _option('keepalive', 0),
 }
 
 
