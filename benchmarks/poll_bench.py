@@ -17,6 +17,12 @@ status_get_p99_vs_floor=…`` (ratios are medians of the per-round ratios). With
 and py-spy on PATH, the last round also samples one worker of each server and prints its
 functions by own time. It stops only the processes it started, by pid.
 
+``--floors gevent,sync`` adds the floor served by gunicorn's sync workers (poll_floor.py
+``--sync``: one request per process at a time, no keep-alive), the floor issue 34 holds the
+p99 against; ``--variants web,reuse_port,…`` serves the status GET from several ``web``s at
+once, each with one suspect of the tail changed (benchmarks/poll_variant.py), every pair of a
+status GET and a floor compared per round.
+
     AIJOB_DATABASE_URL=mysql://root@127.0.0.1:3306/test_bench \\
     AIJOB_REDIS_URL=redis://127.0.0.1:6379/3 python benchmarks/poll_bench.py
 """

@@ -9,6 +9,8 @@
     gc_off        the collector off in the workers (is a collection pause the tail?)
     no_keepalive  every answer closes its connection, as gunicorn's sync workers do: each
                   request is accepted anew by whichever worker is free
+    balanced_accept  a worker that holds k connections waits k ms (10 at most) before it
+                  accepts another, so that the idler workers take the next ones
 
     AIJOB_DATABASE_URL=mysql://… AIJOB_REDIS_URL=redis://… \\
         python benchmarks/poll_variant.py reuse_port --port 8200 --workers 4
@@ -22,6 +24,9 @@ from gevent import monkey
 monkey.patch_all(aggressive=False)  # first, as aijob.py does for web
 
 import gc  # noqa: E402
+
+from gevent.server import StreamServer  # noqa: E402
+from gunicorn.workers import ggevent  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -49,12 +54,30 @@ def _gc_off():
     server.AijobGunicorn.load = load_then_disable
 
 
+class BalancedStreamServer(StreamServer):
+    """gevent's StreamServer that, after each accept, stops accepting for a moment that grows
+    with the connections this worker already holds."""
+
+    def do_handle(self, *args):
+        super().do_handle(*args)
+        held = len(self.pool) if self.pool is not None else 0
+        if held > 1:
+            self.stop_accepting()
+            self._timer = self.loop.timer(min(0.010, 0.001 * held))
+            self._timer.start(self._start_accepting_if_started)
+
+
+def _balanced_accept():
+    ggevent.StreamServer = BalancedStreamServer
+
+
 VARIANTS = {
     'default': lambda: None,
     'no_reuse_port': lambda: _option('reuse_port', False),
     'reuse_port': lambda: _option('reuse_port', True),
     'gc_off': _gc_off,
     'no_keepalive': lambda: _option('keepalive', 0),
+    'balanced_accept': _balanced_accept,
 }
 
 
