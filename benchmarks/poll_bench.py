@@ -125,6 +125,17 @@ class Server:
         except OSError:
             return []
 
+    def error_lines(self, most=5):
+        """The first lines of its log that are not a 200's access line nor gunicorn's own."""
+        self.log.flush()
+        with open(self.log.name, encoding='utf-8', errors='replace') as handle:
+            lines = [
+                line.strip()
+                for line in handle
+                if '"status": 200' not in line and 'gunicorn.error' not in line
+            ]
+        return '\n'.join(lines[:most])
+
     def _tail(self):
         self.log.flush()
         with open(self.log.name, encoding='utf-8', errors='replace') as handle:
@@ -347,7 +358,10 @@ def drive(args, use_wrk, server, path, headers, duration_s):
             None,
         )
     if errors:
-        raise SystemExit('poll_bench: %s answered %d errors' % (server.name, errors))
+        raise SystemExit(
+            'poll_bench: %s answered %d errors; its log: %s'
+            % (server.name, errors, server.error_lines())
+        )
     return rps, p99
 
 

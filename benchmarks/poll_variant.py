@@ -9,6 +9,7 @@
     gc_off        the collector off in the workers (is a collection pause the tail?)
     no_keepalive  every answer closes its connection, as gunicorn's sync workers do: each
                   request is accepted anew by whichever worker is free
+    workers2, workers8  that many gevent workers instead of --workers
     balanced_accept  a worker that holds k connections waits k ms (10 at most) before it
                   accepts another, so that the idler workers take the next ones
 
@@ -78,6 +79,8 @@ VARIANTS = {
     'gc_off': _gc_off,
     'no_keepalive': lambda: _option('keepalive', 0),
     'balanced_accept': _balanced_accept,
+    'workers2': lambda: _option('workers', 2),
+    'workers8': lambda: _option('workers', 8),
 }
 
 
