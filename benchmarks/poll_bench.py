@@ -17,6 +17,12 @@ status_get_p99_vs_floor=…`` (ratios are medians of the per-round ratios). With
 and py-spy on PATH, the last round also samples one worker of each server and prints its
 functions by own time. It stops only the processes it started, by pid.
 
+``--floors gevent,sync`` adds the floor served by gunicorn's sync workers (poll_floor.py
+``--sync``: one request per process at a time, no keep-alive), the floor issue 34 holds the
+p99 against; ``--variants web,reuse_port,…`` serves the status GET from several ``web``s at
+once, each with one suspect of the tail changed (benchmarks/poll_variant.py), every pair of a
+status GET and a floor compared per round.
+
     AIJOB_DATABASE_URL=mysql://root@127.0.0.1:3306/test_bench \\
     AIJOB_REDIS_URL=redis://127.0.0.1:6379/3 python benchmarks/poll_bench.py
 """
@@ -119,6 +125,17 @@ class Server:
         except OSError:
             return []
 
+    def error_lines(self, most=5):
+        """The first lines of its log that are not a 200's access line nor gunicorn's own."""
+        self.log.flush()
+        with open(self.log.name, encoding='utf-8', errors='replace') as handle:
+            lines = [
+                line.strip()
+                for line in handle
+                if '"status": 200' not in line and 'gunicorn.error' not in line
+            ]
+        return '\n'.join(lines[:most])
+
     def _tail(self):
         self.log.flush()
         with open(self.log.name, encoding='utf-8', errors='replace') as handle:
@@ -147,15 +164,19 @@ def run_wrk(port, path, headers, connections, duration_s, threads=2):
     if not match:
         raise SystemExit('poll_bench: no figure from wrk:\n%s' % out)
     errors = re.search(r'Non-2xx or 3xx responses:\s*(\d+)', out)
+    if errors:
+        print('poll_bench: wrk saw non-2xx answers:\n%s' % out)
+    p50 = wrk_p99_ms(out, 50)
+    print('  wrk p50 %s ms, p90 %s ms' % (p50, wrk_p99_ms(out, 90)))
     return float(match.group(1)), int(errors.group(1)) if errors else 0, wrk_p99_ms(out)
 
 
 WRK_UNITS_MS = {'us': 0.001, 'ms': 1.0, 's': 1000.0, 'm': 60_000.0}
 
 
-def wrk_p99_ms(out):
-    """The 99th percentile of wrk's ``--latency`` distribution, in ms (None if absent)."""
-    match = re.search(r'^\s*99%\s+([\d.]+)(us|ms|s|m)\s*$', out, re.M)
+def wrk_p99_ms(out, percent=99):
+    """A percentile of wrk's ``--latency`` distribution (50, 75, 90 or 99), in ms, or None."""
+    match = re.search(r'^\s*%d%%\s+([\d.]+)(us|ms|s|m)\s*$' % percent, out, re.M)
     return float(match.group(1)) * WRK_UNITS_MS[match.group(2)] if match else None
 
 
@@ -290,25 +311,39 @@ def parse_args(argv):
     parser.add_argument('--rounds', type=int, default=5, help='alternating rounds')
     parser.add_argument('--python-client', action='store_true', help='even if wrk is installed')
     parser.add_argument('--profile', action='store_true', help='py-spy in the last round')
+    parser.add_argument(
+        '--variants',
+        default='web',
+        help='status GET servers, comma-separated: web (as it ships) or poll_variant.py names',
+    )
+    parser.add_argument(
+        '--floors', default='gevent', help="the floor's gunicorn worker classes: gevent,sync"
+    )
     return parser.parse_args(argv)
 
 
 def targets_for(args, token, job_id):
-    """(name, server argv, path, headers) of the status GET and of its floor."""
-    return (
-        (
-            'status_get',
-            [sys.executable, 'aijob.py', 'web', '--workers', str(args.workers)],
-            '/api/ai/jobs/%s' % job_id,
-            {'Authorization': 'Bearer %s' % token},
-        ),
-        (
-            'floor',
-            [sys.executable, 'benchmarks/poll_floor.py', '--workers', str(args.workers)],
-            '/job/%s' % job_id,
-            {},
-        ),
-    )
+    """[(name, server argv, path, headers)]: the status GET (``web`` as it ships, or each of
+    ``--variants``, benchmarks/poll_variant.py) and each of ``--floors``."""
+    status = ('/api/ai/jobs/%s' % job_id, {'Authorization': 'Bearer %s' % token})
+    workers = ['--workers', str(args.workers)]
+    targets = []
+    for variant in args.variants.split(','):
+        if variant == 'web':
+            argv = [sys.executable, 'aijob.py', 'web'] + workers
+            targets.append(('status_get', argv) + status)
+        else:
+            argv = [sys.executable, 'benchmarks/poll_variant.py', variant] + workers
+            targets.append(('status_get[%s]' % variant, argv) + status)
+    for floor in args.floors.split(','):
+        argv = [sys.executable, 'benchmarks/poll_floor.py'] + workers
+        name = 'floor' if floor == 'gevent' else 'floor_%s' % floor
+        if floor == 'sync':
+            argv.append('--sync')
+        elif floor != 'gevent':
+            raise SystemExit('poll_bench: --floors takes gevent and sync')
+        targets.append((name, argv, '/job/%s' % job_id, {}))
+    return targets
 
 
 def drive(args, use_wrk, server, path, headers, duration_s):
@@ -323,7 +358,10 @@ def drive(args, use_wrk, server, path, headers, duration_s):
             None,
         )
     if errors:
-        raise SystemExit('poll_bench: %s answered %d errors' % (server.name, errors))
+        raise SystemExit(
+            'poll_bench: %s answered %d errors; its log: %s'
+            % (server.name, errors, server.error_lines())
+        )
     return rps, p99
 
 
@@ -365,7 +403,7 @@ def describe(name, result):
 
 
 def describe_ratios(status_get, floor):
-    text = 'status_get/floor: requests/s %.2f' % (status_get['rps'] / floor['rps'])
+    text = 'requests/s %.2f' % (status_get['rps'] / floor['rps'])
     if status_get['p99'] and floor['p99']:
         text += ', p99 %.2f' % (status_get['p99'] / floor['p99'])
     return text
@@ -377,10 +415,6 @@ def print_profiles(results):
             print('profile of one %s worker, functions by own time:' % name)
             for share, function in result['profile']:
                 print('  %5.1f%%  %s' % (100 * share, function))
-
-
-def median_line(label, values, unit=''):
-    return '%s=%.2f%s' % (label, statistics.median(values), unit)
 
 
 def main(argv=None):
@@ -405,7 +439,7 @@ def main(argv=None):
         args.profile = False
     targets = targets_for(args, token, job_id)
     servers = []
-    seen = {'status_get': [], 'floor': []}
+    seen = {name: [] for name, _, _, _ in targets}
     try:
         for name, server_argv, path, headers in targets:
             port = free_port()
@@ -415,8 +449,8 @@ def main(argv=None):
             if args.warmup:
                 drive(args, use_wrk, server, path, headers, args.warmup)
         for n in range(args.rounds):
-            # Both servers stay up and idle while the other is driven; the order alternates so
-            # that neither always runs first after a pause.
+            # Every server stays up and idle while another is driven; the order alternates so
+            # that none always runs first after a pause.
             order = list(zip(servers, targets, strict=True))
             if n % 2:
                 order.reverse()
@@ -428,42 +462,62 @@ def main(argv=None):
                     args, use_wrk, server, path, headers, profile_to if last else None
                 )
                 seen[name].append(results[name])
-            print('round %d: %s' % (n + 1, describe('status_get', results['status_get'])))
-            print('round %d: %s' % (n + 1, describe('floor', results['floor'])))
-            print(
-                'round %d: %s' % (n + 1, describe_ratios(results['status_get'], results['floor']))
-            )
+            for name, _, _, _ in targets:
+                print('round %d: %s' % (n + 1, describe(name, results[name])))
+            for status, floor in comparisons(targets):
+                print(
+                    'round %d: %s/%s: %s'
+                    % (n + 1, status, floor, describe_ratios(results[status], results[floor]))
+                )
             if last:
                 print_profiles(results)
     finally:
         for server in servers:
             server.stop()
-    print_summary(seen)
+    print_summary(seen, targets)
     return 0
 
 
-def print_summary(seen):
-    """The medians over the rounds; each ratio is the median of the per-round ratios."""
-    pairs = list(zip(seen['status_get'], seen['floor'], strict=True))
+def comparisons(targets):
+    """Every (status GET, floor) pair of names."""
+    names = [name for name, _, _, _ in targets]
+    floors = [name for name in names if name.startswith('floor')]
+    return [(status, floor) for status in names if status not in floors for floor in floors]
+
+
+def print_summary(seen, targets):
+    """The medians over the rounds, per target; each ratio is the median of the per-round
+    ratios. ``status_get_vs_floor=…`` lines as before for the pair web/gevent floor."""
+    for name, _, _, _ in targets:
+        tails = [r['p99'] for r in seen[name] if r['p99']]
+        print(
+            '%s: median %.1f requests/s%s'
+            % (
+                name,
+                statistics.median(r['rps'] for r in seen[name]),
+                ', p99 %.2f ms' % statistics.median(tails) if tails else '',
+            )
+        )
+    for status, floor in comparisons(targets):
+        print_pair(status, floor, list(zip(seen[status], seen[floor], strict=True)))
+
+
+def print_pair(status, floor, pairs):
+    label = '%s_vs_%s' % (status, floor)
+    if (status, floor) == ('status_get', 'floor'):
+        label = 'status_get_vs_floor'
     ratios = [s['rps'] / f['rps'] for s, f in pairs]
     print(
-        '%s %s status_get_vs_floor=%.2f (median of %d rounds: %s)'
-        % (
-            median_line('status_get_rps', [s['rps'] for s, _ in pairs]),
-            median_line('floor_rps', [f['rps'] for _, f in pairs]),
-            statistics.median(ratios),
-            len(ratios),
-            ', '.join('%.2f' % r for r in ratios),
-        )
+        '%s=%.2f (median of %d rounds: %s)'
+        % (label, statistics.median(ratios), len(ratios), ', '.join('%.2f' % r for r in ratios))
     )
     tails = [(s['p99'], f['p99']) for s, f in pairs if s['p99'] and f['p99']]
     if tails:
         ratios = [s / f for s, f in tails]
         print(
-            '%s %s status_get_p99_vs_floor=%.2f (median of %d rounds: %s)'
+            '%s_p99=%.2f (median of %d rounds: %s)'
             % (
-                median_line('status_get_p99_ms', [s for s, _ in tails]),
-                median_line('floor_p99_ms', [f for _, f in tails]),
+                label,
                 statistics.median(ratios),
                 len(ratios),
                 ', '.join('%.2f' % r for r in ratios),

@@ -9,18 +9,23 @@ artifact query: what a status read cannot go below on this stack.
 
     AIJOB_DATABASE_URL=mysql://root@127.0.0.1:3306/test_bench \\
         python benchmarks/poll_floor.py --port 8100 --workers 4
+
+``--sync`` serves it with gunicorn's ``sync`` worker class instead (one request at a time per
+process, nothing patched, no keep-alive): the floor issue 34 quotes for the status GET's p99.
 """
 
-from gevent import monkey
+import sys
 
-monkey.patch_all(aggressive=False)  # first, as aijob.py does for serve and web
+if '--sync' not in sys.argv:
+    from gevent import monkey
+
+    monkey.patch_all(aggressive=False)  # first, as aijob.py does for serve and web
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import sys  # noqa: E402
 from urllib.parse import unquote, urlsplit  # noqa: E402
 
 import bottle  # noqa: E402
@@ -109,10 +114,13 @@ def main(argv=None):
     parser.add_argument('--host', default='127.0.0.1')
     parser.add_argument('--port', type=int, default=8100)
     parser.add_argument('--workers', type=int, help='default AIJOB_WEB_WORKERS, as `web`')
+    parser.add_argument('--sync', action='store_true', help="gunicorn's sync workers")
     args = parser.parse_args(argv)
     config = load_config()
     configure_logging()
     options = gunicorn_options(config, args.host, args.port, args.workers or config.web_workers)
+    if args.sync:
+        options['worker_class'] = 'sync'
     FloorGunicorn(config.database_url, options).run()
 
 
