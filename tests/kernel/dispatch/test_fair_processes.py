@@ -16,12 +16,13 @@ import pytest
 
 from engine.core.models import AiJob
 from engine.core.states import RUNNING, TERMINAL
-from tests.kernel.dispatch.test_faults import (
+from tests.kernel.dispatch.test_faults import (  # noqa: F401 (own_database is a fixture)
     RECOVERY,
     Processes,
     assert_each_committed_once,
-    kill_a_worker_every_2_s,  # noqa: F401 (own_database is a fixture)
+    kill_a_worker_every_2_s,
     make_runtime,
+    own_database,
     statuses,
     wait_all_terminal,
 )
