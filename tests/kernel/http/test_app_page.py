@@ -14,7 +14,6 @@ import pytest
 
 from engine.http.auth import TokenStore
 from tests.support import paths
-from tests.support.dashboard import chromium  # noqa: F401
 from tests.support.servers import serve_process  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -82,7 +81,7 @@ def test_the_readme_page_follows_a_job_from_another_origin(
     backend,
     make_runtime,
     serve_process,  # noqa: F811
-    chromium,  # noqa: F811
+    chromium,  # the session's browser (tests/support/dashboard.py, a conftest plugin)
 ):
     runtime = make_runtime()
     with runtime.store.connection():
