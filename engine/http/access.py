@@ -66,6 +66,12 @@ class Access:
             raise ForbiddenError()
         return principal
 
+    @staticmethod
+    def wait_key(principal, job):
+        """Whose per-user cap a wait on ``job`` counts against (a long poll, a stream): the
+        job's user for a service key, which follows many users' jobs; the caller's otherwise."""
+        return job.user_id if principal.is_service else principal.user_id
+
     def visible_job(self, job_id, principal, admin_sees_all=True):
         return self.visible_status(job_id, principal, admin_sees_all)[0]
 

@@ -70,7 +70,7 @@ class JobStreams:
         opening = None
         if fresh:
             opening = stream.message('status', views.status_body(job, refs), str(after_id))
-        waiter = self.live.watch.enter(job_id, principal.user_id)
+        waiter = self.live.watch.enter(job_id, self.access.wait_key(principal, job))
         # The live text only while the job runs: a stream opened after its end gets its final
         # status, as one that never saw text would.
         text = None

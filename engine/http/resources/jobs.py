@@ -195,11 +195,7 @@ class Jobs:
             job, refs = self.access.visible_status(job_id, principal)
             body, etag, data = self.status_with_etag(job, refs)
         if wait_ms and etag in (known or {etag}) and body['lifecycleStatus'] not in TERMINAL:
-            # A service's waits count against the job's user, as the user's own would: one
-            # application server follows many users' jobs.
-            waiter = self.watch.enter(
-                job_id, job.user_id if principal.is_service else principal.user_id
-            )
+            waiter = self.watch.enter(job_id, self.access.wait_key(principal, job))
             try:
                 body, etag, data = self.wait_for_change(waiter, body, etag, data, known, wait_ms)
             finally:

@@ -104,6 +104,24 @@ def test_a_service_is_no_user_and_no_admin(svc_api, method, path):
     assert refused.status == 403 and refused.error_code == 'FORBIDDEN', refused
 
 
+def test_a_services_waits_and_streams_count_against_each_jobs_user(make_runtime):
+    """One application server follows many users' jobs: its long polls and event streams
+    count against each job's user's cap, not all against the service's."""
+    api = with_service(Harness(make_runtime(AIJOB_MAX_STREAMS_PER_USER='1')))
+    first, second = (create_for(api, user)['jobId'] for user in ('u-1', 'u-2'))
+    opened = [
+        api.svc.request('GET', JOBS + '/%s/stream' % job_id, stream=True)
+        for job_id in (first, second)
+    ]
+    try:
+        assert [response.status for response in opened] == [200, 200]
+        refused = api.svc.get(JOBS + '/%s/stream' % first)  # u-1's one stream is open
+        assert (refused.status, refused.error_code) == (429, 'TOO_MANY_STREAMS')
+    finally:
+        for response in opened:
+            response.close()
+
+
 # ---------------------------------------------------------------- the user's limits
 def test_the_users_admission_limit_applies_not_the_services(make_runtime):
     harness = with_service(Harness(make_runtime(AIJOB_MAX_ACTIVE_JOBS_PER_USER='1')))
