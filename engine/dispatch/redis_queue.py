@@ -621,10 +621,13 @@ class RedisQueue(Queue):
                 keys += self._band_keys(tag, queue_name, 'users') + self._wakes(tag)
                 moved += int(self._script('recover')(keys=keys, args=[BANDS]))
             self.redis.srem(consumers_key, consumer_id)
-        self._script('recount')(
-            keys=[self._key(tag, 'running'), consumers_key],
-            args=[self._processing(tag, queue_name, '') for queue_name in QUEUE_NAMES],
-        )
+        if self.max_running_per_user:
+            # Only the cap reads the running counts: without one, no pass pays for the rebuild
+            # (a cap set later is exact again from its first reaper pass on).
+            self._script('recount')(
+                keys=[self._key(tag, 'running'), consumers_key],
+                args=[self._processing(tag, queue_name, '') for queue_name in QUEUE_NAMES],
+            )
         return moved
 
     @translate_errors
