@@ -157,7 +157,8 @@ class ProviderCalls:
             for sink in ctx.text_sinks:
                 sink.close()
             ctx.text_sinks = ()
-            cost = self.cost(call, usage) if usage else None
+            # The cost only for a receiver: the usage row computes its own (log_usage).
+            cost = self.cost(call, usage) if usage and self.signals.receivers else None
             self.signals.provider_call(
                 call.provider_key, call.model, error_code, time.monotonic() - started, usage, cost
             )
