@@ -26,16 +26,14 @@ class BatchesExtension(Extension):
         hooks.http_resources.append(BatchRoutes)
         hooks.dashboard_panels.extend(PAGES)
         hooks.gauges.append(batch_gauges)  # zeros when nothing opts in
-        table = getattr(kernel.ai.gateway, 'table', None)
+        gateway = features.get('gateway')  # the routed gateway's handle, None unconfigured
+        table = gateway.table if gateway is not None else None
         if table is None or not opted_in(kernel.registry, table):
             return None
-        config = kernel.config
+        config, budgets = kernel.config, features.get('budgets')
         hooks.call_guards.append(BatchGuard(kernel.store, table))
-        runner = BatchRunner(
-            kernel.store, kernel.outbox, table, kernel.ai.pricing, config, features.get('budgets')
-        )
+        runner = BatchRunner(kernel.store, kernel.outbox, table, kernel.ai.pricing, config, budgets)
         hooks.leader_steps.append(('batches', config.batch_interval_ms / 1000.0, runner.step))
-        budgets = features.get('budgets')
         if budgets is not None:
             # A parked call keeps its budget reservation until its line is answered and used.
             budgets.hold_calls(HOLDS_RESERVATION)
