@@ -27,7 +27,7 @@ from ...http.openapi import (
     query_param,
     ref,
 )
-from ...http.params import DEFAULT_PAGE_SIZE, EPOCH, MAX_PAGE_SIZE, whole_number
+from ...http.params import DEFAULT_PAGE_SIZE, EPOCH, MAX_PAGE_SIZE, encode_cursor, whole_number
 from ...http.replies import reply
 from ...http.views import iso
 from . import batcher, items
@@ -165,13 +165,7 @@ def list_batches(state, limit, after):
     if len(rows) <= limit:
         return rows, None
     last = rows[limit - 1]
-    return rows[:limit], _encode_cursor(last.created_at, last.id)
-
-
-def _encode_cursor(created_at, batch_id):
-    """``MICROS.BATCH_ID``: the last batch's created_at in microseconds since 1970, its id."""
-    micros = (created_at - EPOCH) // datetime.timedelta(microseconds=1)
-    return '%d.%s' % (micros, batch_id)
+    return rows[:limit], encode_cursor(last.created_at, last.id)  # the job list's form
 
 
 def _decode_cursor(raw):
