@@ -3,23 +3,24 @@
 database; each command imports what it needs, so the HTTP client commands (``submit``,
 ``jobs``) start without loading the engine.
 
-``serve`` and ``web`` run gunicorn's gevent worker. gevent patches the standard library (sockets,
+``serve`` and ``web`` run gunicorn's gevent worker, and ``worker`` runs its jobs on greenlets (a job
+waiting on a provider call costs a few kilobytes, not a thread). gevent patches the standard library (sockets,
 ssl, threading, time) here, before anything of ours or of our dependencies is imported: patched
 later, modules that already hold the real ``ssl`` or ``threading.local`` keep them, which is
 what gevent's MonkeyPatchWarning is about (and bottle's request state or peewee's connections
-would be shared by every greenlet). So this module imports nothing of the engine at its top.
-``worker`` keeps real threads and is not patched."""
+would be shared by every greenlet). So this module imports nothing of the engine at its top."""
 
 import argparse
 import sys
 
-# The commands that serve through gunicorn's gevent worker (engine/server.py).
-GEVENT_COMMANDS = ('serve', 'web')
+# The commands that run on gevent: the two that serve through gunicorn's gevent worker
+# (engine/server.py), and the worker, whose jobs are greenlets (engine/dispatch/workers.py).
+GEVENT_COMMANDS = ('serve', 'web', 'worker')
 
 
 def patch_for_gevent(argv):
-    """Before any other import: patch the standard library for gevent when the command serves
-    with it (the worker class of engine/server.py then leaves it as it is). Not aggressive:
+    """Before any other import: patch the standard library for gevent when the command runs
+    on it (the worker class of engine/server.py then leaves it as it is). Not aggressive:
     that would also remove ``select.epoll``, which trio (imported by the OpenAI client's HTTP
     stack) needs to define itself; nothing here ever waits on it."""
     if argv[:1] and argv[0] in GEVENT_COMMANDS:

@@ -75,6 +75,27 @@ def positive_int(value):
     return number
 
 
+# What ``auto`` concurrency means: a worker process (gevent) holds thousands of waiting calls;
+# the embedded ``serve`` keeps a SQLite connection per running job, and a laptop's file limit
+# (256 on macOS) is the bound there.
+AUTO_CONCURRENCY_REDIS = 1000
+AUTO_CONCURRENCY_EMBEDDED = 16
+
+
+def concurrency(value):
+    """A positive whole number, or ``auto`` (None until Config.from_env resolves it)."""
+    if value.strip().lower() == 'auto':
+        return None
+    return positive_int(value)
+
+
+def resolve_concurrency(values):
+    auto = AUTO_CONCURRENCY_REDIS if values.get('redis_url') else AUTO_CONCURRENCY_EMBEDDED
+    for attr in ('interactive_concurrency', 'background_concurrency'):
+        if attr in values and values[attr] is None:
+            values[attr] = auto
+
+
 def non_negative_int(value):
     number = int(value)
     if number < 0:
@@ -412,15 +433,19 @@ SETTINGS = (
     ),
     Setting(
         'AIJOB_INTERACTIVE_CONCURRENCY',
-        '2',
-        positive_int,
-        'Worker threads for the ai-interactive queue.',
+        'auto',
+        concurrency,
+        'Most ai-interactive jobs one process runs at once. A waiting job costs no thread and '
+        'no connection, so this may be in the thousands: the provider rate limits, budgets and '
+        'AIJOB_MAX_RUNNING_PER_USER decide how many calls actually run. auto: %d with Redis '
+        '(worker processes), %d with the in-memory queue (`serve`, where each running job keeps '
+        'a SQLite connection).' % (AUTO_CONCURRENCY_REDIS, AUTO_CONCURRENCY_EMBEDDED),
     ),
     Setting(
         'AIJOB_BACKGROUND_CONCURRENCY',
-        '1',
-        positive_int,
-        'Worker threads for the ai-background queue.',
+        'auto',
+        concurrency,
+        'Most ai-background jobs one process runs at once; auto as AIJOB_INTERACTIVE_CONCURRENCY.',
     ),
     Setting(
         'AIJOB_CLAIM_AHEAD_MS',
@@ -666,6 +691,7 @@ class Config:
                 raise ConfigError('%s is invalid: %s (%s)' % (shown, exc, setting.help)) from None
         check_together(values, TOGETHER if together is None else together)
         check_jwt(values)
+        resolve_concurrency(values)
         for step in derive:
             step(values, environ)
         refuse_retired(environ)

@@ -24,6 +24,12 @@ HEALTH_CHECK_S = 30
 # pace, and /readyz answers. redis-py's default (10 retries) makes a call to an unreachable host
 # last 10 connect timeouts.
 RETRIES = 3
+# Connections one client keeps, per server: a caller that finds them all in use waits for one
+# (up to POOL_WAIT_S) instead of failing. A worker's blocking pops are its fetchers' (one per
+# queue) and everything else holds a connection for one command, so thousands of jobs share a
+# few dozen; redis-py's default pool would fail a call at once beyond 100.
+POOL_SIZE = 32
+POOL_WAIT_S = 20
 
 
 def translate_errors(method):
@@ -55,7 +61,9 @@ def connect(url):
         decode_responses=True,
     )
     if target.kind == CLUSTER:
-        # The cluster client retries on its own (3 times, with a fresh slot map each time).
+        # redis-py's cluster client builds its nodes' pools itself (a blocking one only from a
+        # URL): each stops at 100 connections. It retries on its own (3 times, with a fresh
+        # slot map each time).
         return RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
             username=target.username,
@@ -64,8 +72,16 @@ def connect(url):
         )
     common['retry'] = _retry()
     if target.kind == SENTINEL:
+        # redis-py has no blocking pool for a Sentinel-managed master: its pool stops at 100.
         return _sentinel_master(target, common)
-    return redis.Redis.from_url(url, health_check_interval=HEALTH_CHECK_S, **common)
+    pool = redis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=POOL_SIZE,
+        timeout=POOL_WAIT_S,
+        health_check_interval=HEALTH_CHECK_S,
+        **common,
+    )
+    return redis.Redis(connection_pool=pool)
 
 
 class FollowingConnection(SentinelManagedConnection):

@@ -15,6 +15,7 @@ import time
 from contextlib import nullcontext
 
 from ..core.errors import JobLockConflictError, QueueUnavailableError
+from ..core.lifecycle_sql import LOCK_BATCH
 from ..core.logs import log_event
 from ..core.states import RUNNING
 from ..execution.engine import ExecutionEngine
@@ -52,17 +53,18 @@ def run_every(name, interval_s, step, stop, connection, active=None):
 
 
 QUEUE_EPOCH_CHECK_S = 1.0
-# Jobs a worker thread takes at once at most (AIJOB_CLAIM_AHEAD_MS).
+# Jobs a runner takes at once at most (AIJOB_CLAIM_AHEAD_MS).
 CLAIM_MAX = 50
+# Messages one pop of a fetcher takes at most: as many jobs as one lock statement claims.
+FETCH_MAX = LOCK_BATCH
 
 
 class ClaimSize:
-    """How many jobs a worker thread pops and locks at once: as many as it expects to run in
+    """How many jobs one runner runs in turn: as many as it expects to run in
     ``claim_ahead_ms``, from a moving average of the time its jobs ran (their lock and final
-    commit, shared by a batch, left out). Long jobs (an AI call of seconds) are taken one at a
-    time, so a worker never hoards work another could start now; jobs of a millisecond are
-    taken by the dozen, and their locks and results cost one commit per batch instead of one
-    per job."""
+    commit, shared by a batch, left out). Long jobs (an AI call of seconds) get a runner each,
+    so no job waits behind another; jobs of a millisecond are run by the dozen, and their
+    results cost one commit per batch instead of one per job."""
 
     def __init__(self, claim_ahead_ms, most=CLAIM_MAX):
         self.ahead_s = claim_ahead_ms / 1000.0
@@ -82,10 +84,47 @@ class ClaimSize:
             self.per_job_s = 0.8 * self.per_job_s + 0.2 * seconds
 
 
+class Slots:
+    """The ``concurrency`` jobs a pool may hold at once: taken by the fetcher when it pops,
+    given back by a runner as each job's message is acknowledged."""
+
+    def __init__(self, total):
+        self.total = total
+        self.free = total
+        self._changed = threading.Condition()
+
+    def wait_free(self, timeout_s):
+        """How many are free, after waiting up to ``timeout_s`` for at least one."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.free > 0, timeout_s)
+            return self.free
+
+    def take(self, n):
+        with self._changed:
+            self.free -= n
+
+    def give_back(self, n):
+        with self._changed:
+            self.free += n
+            self._changed.notify_all()
+
+    def wait_all_free(self, deadline):
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: self.free == self.total, max(0.0, deadline - time.monotonic())
+            )
+
+
 class WorkerPool:
-    """``concurrency`` threads consuming one queue through the engine. A thread holds a
-    database connection only while the engine does database work (``ExecutionEngine.execute``),
-    never while a provider call waits, so ``concurrency`` may be far above AIJOB_DB_POOL_SIZE."""
+    """One queue's consumer in this process: a fetcher pops messages for the free slots (at
+    most ``concurrency`` jobs at once), claims their jobs in one lock statement, and hands them
+    to runners, one per job for long jobs, a few short jobs each for short ones (ClaimSize).
+
+    A slot costs no thread and no connection while its job waits: only the fetcher blocks on
+    the queue (one Redis connection per pool, whatever the concurrency), a runner lives as long
+    as its jobs, and it holds a database connection only while the engine does database work
+    (``ExecutionEngine``). In ``python aijob.py worker`` threads are gevent's greenlets
+    (aijob.py), so a runner waiting on a provider call costs a few kilobytes."""
 
     def __init__(self, queue_name, concurrency, queue, engine, consumer_id, claim_ahead_ms=0):
         self.queue_name = queue_name
@@ -94,74 +133,98 @@ class WorkerPool:
         self.engine = engine
         self.consumer_id = consumer_id
         self.claim_ahead_ms = claim_ahead_ms
+        self.claim = ClaimSize(claim_ahead_ms)
+        self.slots = Slots(concurrency)
         self.stopping = threading.Event()
-        self.threads = []
+        self.fetcher = None
 
     def start(self):
-        for i in range(self.concurrency):
-            thread = threading.Thread(
-                target=self._loop, daemon=True, name='%s-%d' % (self.queue_name, i)
-            )
-            thread.start()
-            self.threads.append(thread)
+        self.fetcher = threading.Thread(
+            target=self._fetch_loop, daemon=True, name='%s-fetcher' % self.queue_name
+        )
+        self.fetcher.start()
 
-    def run_one(self, timeout_s=1.0):
-        """Pop one message and run its job (a single step, for tests). Returns the job's
-        terminal status, None if there was nothing to do, or 'empty' if no message came."""
-        delivery = self.queue.pop(self.queue_name, self.consumer_id, timeout_s)
-        if delivery is None:
-            return 'empty'
+    def fetch_once(self, timeout_s=1.0):
+        """Pop messages for the free slots (waiting up to ``timeout_s`` for one), claim their
+        jobs and start their runners. Returns how many messages came."""
+        free = self.slots.wait_free(timeout_s)
+        if not free or self.stopping.is_set():
+            return 0
+        want = min(free, FETCH_MAX)
+        deliveries = self.queue.pop_many(self.queue_name, self.consumer_id, want, timeout_s)
+        if not deliveries:
+            return 0
+        self.slots.take(len(deliveries))
         if self.stopping.is_set():  # popped while stopping: not ours to start
-            self.queue.release(delivery)
-            return None
+            self._hand_back(deliveries)
+            return len(deliveries)
         try:
-            status = self.engine.execute(delivery.message.job_id)
+            claimed = self.engine.claim([d.message.job_id for d in deliveries])
         except Exception:
             # The store failed under us (the engine handles job failures itself): put the
-            # message back rather than strand it in this live consumer's processing list.
-            self.queue.release(delivery)
+            # messages back rather than strand them in this live consumer's processing list.
+            self._hand_back(deliveries)
             raise
-        if status is None and self.stopping.is_set():
-            self.queue.release(delivery)  # handed back: another worker takes it over
-        else:
-            self.queue.ack(delivery)  # done, or a duplicate of a job run elsewhere
-        return status
+        self._start_runners(deliveries, claimed)
+        return len(deliveries)
 
-    def run_batch(self, claim, timeout_s=1.0):
-        """Pop up to ``claim.next()`` messages, lock their jobs in one statement and run them
-        (``ExecutionEngine.execute_batch``), then ack them together. Returns {job id: status},
-        or 'empty' if no message came."""
-        deliveries = self.queue.pop_many(self.queue_name, self.consumer_id, claim.next(), timeout_s)
-        if not deliveries:
-            return 'empty'
-        if self.stopping.is_set():  # popped while stopping: not ours to start
-            for delivery in deliveries:
-                self.queue.release(delivery)
-            return {}
+    def _start_runners(self, deliveries, claimed):
+        by_job = {d.message.job_id: d for d in deliveries}
+        unclaimed = set(by_job) - {attempt.job.id for attempt, _ in claimed}
+        if unclaimed:  # locked elsewhere, gone or finished: done with their messages
+            done = [by_job[job_id] for job_id in unclaimed]
+            self._finish(done, [])
+        size = self.claim.next()
+        for start in range(0, len(claimed), size):
+            chunk = claimed[start : start + size]
+            mine = [by_job[attempt.job.id] for attempt, _ in chunk]
+            runner = threading.Thread(
+                target=self._run, args=(chunk, mine), daemon=True, name=self.queue_name
+            )
+            runner.start()
+
+    def _run(self, chunk, deliveries):
+        """A runner: its jobs in turn, then their messages acknowledged (or handed back when
+        the worker stops under them), then their slots freed."""
+        statuses = {}
         try:
-            statuses = self.engine.execute_batch(
-                [d.message.job_id for d in deliveries], self.claim_ahead_ms / 1000.0, claim.observe
+            statuses = self.engine.run_claimed(
+                chunk, self.claim_ahead_ms / 1000.0, self.claim.observe
             )
         except Exception:
-            for delivery in deliveries:  # as in run_one: never strand them in our list
-                self.queue.release(delivery)
-            raise
-        done = []
-        for delivery in deliveries:
-            status = statuses.get(delivery.message.job_id)
-            if status is None and self.stopping.is_set():
-                self.queue.release(delivery)  # handed back: another worker takes it over
-            else:
-                done.append(delivery)  # done, or a duplicate of a job run elsewhere
-        self.queue.ack_many(done)
-        return statuses
+            log_event('worker.run_error', logging.ERROR, exc_info=True, queue=self.queue_name)
+            self._hand_back(deliveries)
+            return
+        back = [
+            d
+            for d in deliveries
+            if statuses.get(d.message.job_id) is None and self.stopping.is_set()
+        ]
+        self._finish([d for d in deliveries if d not in back], back)
 
-    def _loop(self):
+    def _finish(self, done, back):
+        """Acknowledge ``done`` (finished, or a duplicate of a job run elsewhere) and hand
+        ``back`` to another worker; their slots are free again either way."""
+        try:
+            if done:
+                self.queue.ack_many(done)
+            for delivery in back:
+                self.queue.release(delivery)
+        except QueueUnavailableError as exc:
+            # Left in this consumer's processing list: acknowledged by the next worker that
+            # finds the job finished, or recovered as an orphan if this one dies.
+            log_event('queue.ack_failed', logging.WARNING, queue=self.queue_name, error=str(exc))
+        finally:
+            self.slots.give_back(len(done) + len(back))
+
+    def _hand_back(self, deliveries):
+        self._finish([], deliveries)
+
+    def _fetch_loop(self):
         backoff = 0.0
-        claim = ClaimSize(self.claim_ahead_ms)
         while not self.stopping.is_set():
             try:
-                self.run_batch(claim, timeout_s=1.0)
+                self.fetch_once(timeout_s=1.0)
                 backoff = 0.0
             except QueueUnavailableError as exc:
                 backoff = min(10.0, max(0.2, backoff * 2))
@@ -179,9 +242,12 @@ class WorkerPool:
                 self.stopping.wait(0.5)
 
     def join(self, deadline):
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(thread.is_alive() for thread in self.threads)
+        """True once the fetcher has stopped and every job taken has been let go."""
+        if self.fetcher is not None:
+            self.fetcher.join(max(0.0, deadline - time.monotonic()))
+        return self.slots.wait_all_free(deadline) and not (
+            self.fetcher is not None and self.fetcher.is_alive()
+        )
 
 
 class Supervisor:

@@ -107,14 +107,24 @@ class ExecutionEngine:
             self._release_held(job_id)
 
     def execute_batch(self, job_ids, flush_after_s=0.05, on_job_ran=None):
-        """``execute`` for several jobs popped together: one lock statement for all of them,
-        then each run in turn on this thread; the final writes of the jobs that succeed are
-        committed together (with other threads' through group commit) once the batch is done
-        or ``flush_after_s`` after the first was ready. Returns {job id: status} (None as in
-        ``execute``; jobs this call could not lock are left out). ``on_job_ran(seconds)`` hears
-        how long each job ran, its lock and final commit left out."""
+        """``execute`` for several jobs popped together: ``claim`` them in one lock statement,
+        then ``run_claimed`` them in turn on this thread. Returns {job id: status} (None as in
+        ``execute``; jobs this call could not lock are left out)."""
+        return self.run_claimed(self.claim(job_ids), flush_after_s, on_job_ran)
+
+    def claim(self, job_ids):
+        """PREPARE and RESOLVE for several jobs: one lock statement for all of them. Returns
+        the claimed jobs, each held (heartbeated) from now on, for ``run_claimed``; jobs
+        locked elsewhere, gone or already finished are left out."""
+        return self._lock_and_prepare(list(dict.fromkeys(job_ids)))
+
+    def run_claimed(self, prepared, flush_after_s=0.05, on_job_ran=None):
+        """Run claimed jobs in turn on this thread; the final writes of the jobs that succeed
+        are committed together (with other threads' through group commit) once they are all
+        done or ``flush_after_s`` after the first was ready. Returns {job id: status}.
+        ``on_job_ran(seconds)`` hears how long each job ran, its lock and final commit left
+        out."""
         statuses = {}
-        prepared = self._lock_and_prepare(list(dict.fromkeys(job_ids)))
         ready = []  # successes whose final write waits for the group's commit
         try:
             for attempt, resolved in prepared:

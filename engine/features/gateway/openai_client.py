@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 
+import httpx2  # the openai package's HTTP client
 import openai
 
 from ...core.errors import (
@@ -33,6 +34,15 @@ TEMPLATE_TOKENS_PER_MESSAGE = 8
 TEMPLATE_TOKENS_PER_REQUEST = 128
 
 
+# Connections kept open between calls, per provider.
+KEEPALIVE_CONNECTIONS = 100
+
+
+def _http_client():
+    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS)
+    return openai.DefaultHttpxClient(limits=limits)
+
+
 class OpenAICompatibleProvider(Provider):
     needs_api_key = True
 
@@ -47,7 +57,12 @@ class OpenAICompatibleProvider(Provider):
         self.prompts = prompts or default_library()
         # One client (and connection pool) per provider; each call sets its own key and timeout.
         # max_retries=0: a retry here would hide failures from the engine's retry policy.
-        self._client = openai.OpenAI(api_key='unset', base_url=base_url, max_retries=0)
+        # No cap on connections: the package's default (1 000) would make the calls beyond it
+        # wait for a connection until they time out; the worker's slots and the gateway's rate
+        # limits bound how many calls run.
+        self._client = openai.OpenAI(
+            api_key='unset', base_url=base_url, max_retries=0, http_client=_http_client()
+        )
         # The package imports a chat call's modules (resources, stream types) at the client's
         # first use of ``chat.completions``. Done here, once, in the thread that builds the
         # gateway: two job threads making their first calls at once could each meet a module
