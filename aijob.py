@@ -3,12 +3,13 @@
 database; each command imports what it needs, so the HTTP client commands (``submit``,
 ``jobs``) start without loading the engine.
 
-``serve`` and ``web`` run gunicorn's gevent worker, and ``worker`` runs its jobs on greenlets (a job
-waiting on a provider call costs a few kilobytes, not a thread). gevent patches the standard library (sockets,
-ssl, threading, time) here, before anything of ours or of our dependencies is imported: patched
-later, modules that already hold the real ``ssl`` or ``threading.local`` keep them, which is
-what gevent's MonkeyPatchWarning is about (and bottle's request state or peewee's connections
-would be shared by every greenlet). So this module imports nothing of the engine at its top."""
+``serve`` and ``web`` run gunicorn's gevent worker, and ``worker`` runs its jobs on greenlets (a
+job waiting on a provider call costs a few kilobytes, not a thread). gevent patches the standard
+library (sockets, ssl, threading, time) here, before anything of ours or of our dependencies is
+imported: patched later, modules that already hold the real ``ssl`` or ``threading.local`` keep
+them, which is what gevent's MonkeyPatchWarning is about (and bottle's request state or peewee's
+connections would be shared by every greenlet). So this module imports nothing of the engine at
+its top."""
 
 import argparse
 import sys
