@@ -52,13 +52,25 @@ class _Ticket:
 
 
 class GroupCommit:
-    def __init__(self, store, after_commit=None, prepare=None, groups=1, commit_with_rows=None):
+    def __init__(
+        self,
+        store,
+        after_commit=None,
+        prepare=None,
+        groups=1,
+        commit_with_rows=None,
+        connection=None,
+    ):
         """``groups``: how many groups may commit at once (each its own transaction).
+        ``connection()``, when given, is the unit of database work the leader commits in: the
+        callers hold no connection while they wait (a worker finishing thousands of jobs at
+        once would otherwise hold the pool's every connection with waiting callers).
         ``commit_with_rows()``, when given and true, sends the COMMIT with the rows the works
         wrote together (sql.rows_together's ``ends_transaction``): for works whose every refusal
         is an error of a statement, never an answer read back."""
         self.store = store
         self.commit_with_rows = commit_with_rows or (lambda: False)
+        self.connection = connection or contextlib.nullcontext
         self.after_commit = after_commit
         self.prepare = prepare or (lambda works: None)
         self._cond = threading.Condition()
@@ -72,7 +84,8 @@ class GroupCommit:
         """Run every ``work(tx)`` of ``works`` inside one transaction, shared with the works other
         threads submit meanwhile. Returns one outcome per work once its transaction ended:
         None when it committed, else the exception it raised (nothing of it was written). Call
-        it inside a unit of database work (the leader commits on its thread's connection)."""
+        it inside a unit of database work (the leader commits on its thread's connection),
+        unless the GroupCommit was given its ``connection``."""
         if self.store.in_transaction():  # the caller's transaction: no one else's work joins it
             outputs = []
             outcomes = [self._alone(work, outputs) for work in works]
@@ -90,7 +103,8 @@ class GroupCommit:
             for member in group:
                 member.taken = True
         try:
-            outputs = self._commit(group)
+            with self.connection():
+                outputs = self._commit(group)
         except BaseException as exc:  # the leader's own failure ends every work of its group
             for member in group:
                 member.outcomes = [exc] * len(member.works)

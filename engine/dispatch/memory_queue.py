@@ -141,6 +141,7 @@ class MemoryQueue(Queue):
         self._markers = {}  # queue job id -> raw
         self._heartbeats = {}  # consumer -> monotonic expiry
         self._cancels = {}  # job id -> monotonic expiry
+        self._cancels_sent = 0  # signal_cancel calls, for cancel_signals_sent
         self._epoch = 1
         self._weights = weights_by_key(user_weights)
         self.max_running_per_user = max_running_per_user
@@ -235,6 +236,11 @@ class MemoryQueue(Queue):
     def signal_cancel(self, job_id, ttl_s=300):
         with self._lock:
             self._cancels[job_id] = time.monotonic() + ttl_s
+            self._cancels_sent += 1
+
+    def cancel_signals_sent(self):
+        with self._lock:
+            return self._cancels_sent
 
     def cancel_signalled(self, job_ids):
         now = time.monotonic()

@@ -177,6 +177,12 @@ class Queue:
         """The subset of ``job_ids`` with a live cancel signal."""
         raise NotImplementedError
 
+    def cancel_signals_sent(self):
+        """A number that changes whenever ``signal_cancel`` is called anywhere: a worker asks
+        ``cancel_signalled`` about the jobs it runs only when it moved, so its check costs one
+        read however many jobs it runs."""
+        raise NotImplementedError
+
     def depth(self, queue_name):
         """Messages waiting in a queue (not being processed), over all its shards."""
         raise NotImplementedError

@@ -652,7 +652,16 @@ class RedisQueue(Queue):
 
     @translate_errors
     def signal_cancel(self, job_id, ttl_s=300):
+        # The flag first: a worker that sees the count move finds it.
         self.redis.set(self.cancel_key(job_id), '1', ex=ttl_s)
+        self.redis.incr(self._cancels_sent_key())
+
+    @translate_errors
+    def cancel_signals_sent(self):
+        return int(self.redis.get(self._cancels_sent_key()) or 0)
+
+    def _cancels_sent_key(self):
+        return '%s:job:cancels-sent' % self.prefix
 
     @translate_errors
     def cancel_signalled(self, job_ids):

@@ -6,6 +6,7 @@ finish within the grace period, then hand back what is still running (release th
 message back) and join everything under one deadline. Signal handlers only set flags.
 """
 
+import _thread
 import functools
 import logging
 import os
@@ -115,6 +116,42 @@ class Slots:
             )
 
 
+class Acks:
+    """Acknowledgements coalesced: a runner done with its messages adds them, and the first to
+    find no one acknowledging acknowledges everything added until none is left, one call per
+    turn (a worker finishing thousands of jobs at once makes a few dozen calls, not thousands).
+    The others go on at once: their messages are acknowledged by that runner."""
+
+    def __init__(self, queue, queue_name):
+        self.queue = queue
+        self.queue_name = queue_name
+        self._lock = threading.Lock()
+        self._pending = []
+        self._sending = False
+
+    def add(self, deliveries):
+        with self._lock:
+            self._pending.extend(deliveries)
+            if self._sending:
+                return
+            self._sending = True
+        while True:
+            with self._lock:
+                batch, self._pending = self._pending, []
+                if not batch:
+                    self._sending = False
+                    return
+            self._send(batch)
+
+    def _send(self, batch):
+        try:
+            self.queue.ack_many(batch)
+        except Exception as exc:  # an ack lost must not stop the others
+            # Left in this consumer's processing list, whose jobs are finished: recovered as
+            # orphans (and found finished) once this consumer is gone.
+            log_event('queue.ack_failed', logging.WARNING, queue=self.queue_name, error=str(exc))
+
+
 class WorkerPool:
     """One queue's consumer in this process: a fetcher pops messages for the free slots (at
     most ``concurrency`` jobs at once), claims their jobs in one lock statement, and hands them
@@ -135,6 +172,7 @@ class WorkerPool:
         self.claim_ahead_ms = claim_ahead_ms
         self.claim = ClaimSize(claim_ahead_ms)
         self.slots = Slots(concurrency)
+        self.acks = Acks(queue, queue_name)
         self.stopping = threading.Event()
         self.fetcher = None
 
@@ -178,10 +216,9 @@ class WorkerPool:
         for start in range(0, len(claimed), size):
             chunk = claimed[start : start + size]
             mine = [by_job[attempt.job.id] for attempt, _ in chunk]
-            runner = threading.Thread(
-                target=self._run, args=(chunk, mine), daemon=True, name=self.queue_name
-            )
-            runner.start()
+            # A bare thread (a greenlet in the worker): thousands start in a burst, and a
+            # threading.Thread's own locks and bookkeeping would cost more than the job's.
+            _thread.start_new_thread(self._run, (chunk, mine))
 
     def _run(self, chunk, deliveries):
         """A runner: its jobs in turn, then their messages acknowledged (or handed back when
@@ -207,13 +244,14 @@ class WorkerPool:
         ``back`` to another worker; their slots are free again either way."""
         try:
             if done:
-                self.queue.ack_many(done)
+                self.acks.add(done)
             for delivery in back:
                 self.queue.release(delivery)
         except QueueUnavailableError as exc:
-            # Left in this consumer's processing list: acknowledged by the next worker that
-            # finds the job finished, or recovered as an orphan if this one dies.
-            log_event('queue.ack_failed', logging.WARNING, queue=self.queue_name, error=str(exc))
+            # Left in this consumer's processing list: recovered as orphans once it is gone.
+            log_event(
+                'queue.release_failed', logging.WARNING, queue=self.queue_name, error=str(exc)
+            )
         finally:
             self.slots.give_back(len(done) + len(back))
 
@@ -261,6 +299,7 @@ class Supervisor:
         self.consumer_id = consumer_id
         self.lock_ttl_ms = runtime.config.lock_ttl_ms
         self.heartbeat_ttl_ms = runtime.config.reap_after_ms
+        self._cancels_seen = None  # cancel_signals_sent at the last look at the flags
 
     def beat(self):
         """The heartbeat (contracts §1.7): every held lock, then this consumer's key. The locks
@@ -301,11 +340,18 @@ class Supervisor:
                 attempt.cancel_event.set()
 
     def check_cancel_signals(self):
-        """The fast path: a cancel reaches a running job within a fraction of a second."""
+        """The fast path: a cancel reaches a running job within a fraction of a second. The
+        jobs' flags are read only when a cancel was signalled since the last look (one read
+        per turn, not one per running job); the heartbeat's lock extension reads the
+        database's cancel requests whatever happens here."""
+        sent = self.queue.cancel_signals_sent()
+        if sent == self._cancels_seen:
+            return
         attempts = {a.job.id: a for a in self.engine.held_attempts()}
         if attempts:
             for job_id in self.queue.cancel_signalled(attempts):
                 attempts[job_id].cancel_event.set()
+        self._cancels_seen = sent  # after the look: a failed look is tried again
 
 
 class Worker:

@@ -103,9 +103,8 @@ class Completion:
         outcome per success, None when its work committed, else the exception its work raised
         (rolled back, the others' committed). With no connection to be had, each outcome is
         that outage: each job then waits it out alone."""
-        try:
-            with self.unit():
-                return self.group_commit.run([success.work for success in ready])
+        try:  # the group's leader takes a connection (the engine's GroupCommit has its unit)
+            return self.group_commit.run([success.work for success in ready])
         except Exception as exc:
             if not self.store.is_unreachable(exc):
                 raise

@@ -50,9 +50,6 @@ class ExecutionEngine:
         self.signals = runtime.signals  # what it says as jobs run (core/signals.py)
         self.instance_id = instance_id
         self.lock_ttl_ms = runtime.config.lock_ttl_ms
-        # Where a terminal UPDATE's refusal is the server's error (Store.guards_row_counts), a
-        # group's writes carry its COMMIT: one round trip for the whole finish.
-        self.group_commit = GroupCommit(self.store, commit_with_rows=self.store.guards_row_counts)
         # Pushes deferred jobs' wake-ups at their time (dispatch.wake.Waker, the Worker's);
         # without one the leader's dispatcher pushes them from the outbox when they are due.
         self.waker = waker
@@ -63,6 +60,12 @@ class ExecutionEngine:
         # the connection back to the pool at the end of each unit; SQLite has no pool to share
         # and reopening its file costs more than the statements, so each thread keeps its own.
         self._unit = self.store.connection if self.store.dialect == 'mysql' else _no_connection
+        # Where a terminal UPDATE's refusal is the server's error (Store.guards_row_counts), a
+        # group's writes carry its COMMIT: one round trip for the whole finish.
+        # The group's leader takes its connection: the callers waiting for it hold none.
+        self.group_commit = GroupCommit(
+            self.store, commit_with_rows=self.store.guards_row_counts, connection=self._unit
+        )
         self._until_written = UntilWritten(self.store, self._unit)
         self.calls = ProviderCalls(
             self.store,
