@@ -32,6 +32,10 @@ FAST_SETTINGS = {
     'AIJOB_RECONCILE_AFTER_MS': '500',
     'AIJOB_SHUTDOWN_GRACE_MS': '3000',
     'AIJOB_LEADER_LEASE_MS': '1000',
+    # The specification's concurrency (auto is 16 in process, 1 000 with Redis): tests that
+    # need a job waiting behind a busy pool count on it.
+    'AIJOB_INTERACTIVE_CONCURRENCY': '2',
+    'AIJOB_BACKGROUND_CONCURRENCY': '1',
 }
 
 # A platform provider that is configured (so AI job types are available) but never answers.

@@ -32,8 +32,19 @@ def test_defaults_are_the_embedded_backends():
         30_000,
         90_000,
     )
-    assert (config.interactive_concurrency, config.background_concurrency) == (2, 1)
+    assert (config.interactive_concurrency, config.background_concurrency) == (16, 16)  # auto
     assert (config.user_weights, config.max_running_per_user) == ({}, 0)  # plain turns, no cap
+
+
+def test_concurrency_auto_is_a_thousand_with_redis_and_the_specifications_values_are_settings():
+    redis = {'AIJOB_REDIS_URL': 'redis://127.0.0.1:6379/0'}
+    config = load_config(redis)
+    assert (config.interactive_concurrency, config.background_concurrency) == (1000, 1000)
+    spec = {'AIJOB_INTERACTIVE_CONCURRENCY': '2', 'AIJOB_BACKGROUND_CONCURRENCY': 'AUTO'}
+    config = load_config(dict(redis, **spec))
+    assert (config.interactive_concurrency, config.background_concurrency) == (2, 1000)
+    with pytest.raises(ConfigError, match='AIJOB_BACKGROUND_CONCURRENCY'):
+        load_config({'AIJOB_BACKGROUND_CONCURRENCY': '0'})
 
 
 def test_user_weights_are_whole_numbers_per_user():
