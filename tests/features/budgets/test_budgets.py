@@ -623,10 +623,9 @@ def fifty_rt(make_runtime, fake):
         AIJOB_PLATFORM_API_KEY=PROVIDER_SETTINGS['AIJOB_PLATFORM_API_KEY'],
         **one_provider(fake.base_url, model='m', price=budget_cases.PRICE),
         AIJOB_BUDGET_MAX_TOKENS=str(budget_cases.MAX_TOKENS),
-        AIJOB_INTERACTIVE_CONCURRENCY='8',
         AIJOB_MAX_ACTIVE_JOBS_PER_USER='0',
         AIJOB_DAILY_JOB_QUOTA='0',
-        **FAST_SETTINGS,
+        **dict(FAST_SETTINGS, AIJOB_INTERACTIVE_CONCURRENCY='8'),
     )
     # Every create goes in: the calls are what is counted here.
     rt.service.create_checks = ()
