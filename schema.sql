@@ -40,7 +40,6 @@ CREATE TABLE IF NOT EXISTS `ai_job` (
   UNIQUE KEY `ai_job_user_id_job_type_idempotency_key` (`user_id`, `job_type`, `idempotency_key`),
   KEY `ai_job_lifecycle_status_lock_until` (`lifecycle_status`, `lock_until`),
   KEY `ai_job_lifecycle_status_created_at` (`lifecycle_status`, `created_at`),
-  KEY `ai_job_user_id_lifecycle_status` (`user_id`, `lifecycle_status`),
   KEY `ai_job_user_id_created_at` (`user_id`, `created_at`),
   KEY `ai_job_job_type_created_at` (`job_type`, `created_at`),
   KEY `ai_job_job_type_queue_name_created_at` (`job_type`, `queue_name`, `created_at`),

@@ -140,7 +140,8 @@ def _waits(user_id, since):
 
 def _indexed(*columns):
     """A select of ``columns`` that reads INDEX on MySQL/MariaDB, whose optimizer would
-    otherwise take (user_id, lifecycle_status) and read a user's whole history."""
+    otherwise take an index led by user_id ((user_id, created_at)) and read a user's whole
+    history."""
     select = AiJob.select(*columns)
     if not isinstance(database.obj, peewee.SqliteDatabase):
         hint = peewee.SQL('FORCE INDEX (`%s`)' % INDEX)

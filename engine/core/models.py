@@ -135,7 +135,6 @@ class AiJob(BaseModel):
             (('user_id', 'job_type', 'idempotency_key'), True),
             (('lifecycle_status', 'lock_until'), False),  # reaper
             (('lifecycle_status', 'created_at'), False),  # reconciler, admin filter
-            (('user_id', 'lifecycle_status'), False),  # per-user active-job limit
             (('user_id', 'created_at'), False),  # daily quota, user listing
             (('job_type', 'created_at'), False),  # admin filter
             (('job_type', 'queue_name', 'created_at'), False),  # admin filter: both, rarely met

@@ -67,6 +67,10 @@ ADDED_INDEXES = (
         'lifecycle_status, user_id, started_at, created_at',
     ),
 )
+# Indexes that went: (table, index name). ai_job (user_id, lifecycle_status) served the count
+# of a user's unfinished jobs, which the admission counters replaced (admission.py); nothing
+# reads it since, and every status write paid for it.
+DROPPED_INDEXES = (('ai_job', 'ai_job_user_id_lifecycle_status'),)
 
 # Normalised by peewee from both drivers; the rest of the engine uses these names only.
 IntegrityError = peewee.IntegrityError
@@ -442,13 +446,18 @@ class Store:
 
     def _add_missing_columns(self):
         """CREATE TABLE IF NOT EXISTS leaves a table from an older release as it was: add the
-        columns and indexes that came later, so ``initdb`` upgrades a deployment in place."""
+        columns and indexes that came later and drop the indexes that went, so ``initdb``
+        upgrades a deployment in place."""
         for table, column, ddl in ADDED_COLUMNS:
             if column not in {c.name for c in self.db.get_columns(table)}:
                 self.db.execute_sql('ALTER TABLE %s ADD COLUMN %s %s' % (table, column, ddl))
         for table, name, columns in ADDED_INDEXES:
             if name not in {index.name for index in self.db.get_indexes(table)}:
                 self.db.execute_sql('CREATE INDEX %s ON %s (%s)' % (name, table, columns))
+        for table, name in DROPPED_INDEXES:
+            if name in {index.name for index in self.db.get_indexes(table)}:
+                on = ' ON %s' % table if self.dialect == 'mysql' else ''
+                self.db.execute_sql('DROP INDEX %s%s' % (name, on))
         if self.dialect == 'mysql':
             for table, name, condition in ADDED_CHECKS:
                 if not self.db.execute_sql(_CHECK_LISTED, (table, name)).fetchone():

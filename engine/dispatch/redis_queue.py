@@ -83,12 +83,29 @@ return 1
 # atomic as BLMOVE. In each band: the shared list first, then the users in turn; a user at the cap
 # moves to its next round, its messages left waiting (each user passed over at most once per band
 # and pop).
+# A visit to the head user takes every message it would take one turn after another before
+# another user could come first: the rest of its weight's turns in a row, or, alone in the
+# rotation, as many as the pop wants (within the cap). The rotation, turn and round are then
+# written once, as the single turns would have left them (the round advances by one per w
+# messages), and several messages move in three commands: what one user's burst costs stays what
+# one message costs, where a message a turn cost eight commands.
 _POP = """
 redis.call('SADD', KEYS[2], ARGV[1])
 local processing, seq, weights, running = KEYS[1], KEYS[3], KEYS[4], KEYS[5]
 local taken, limit, cap = {}, tonumber(ARGV[2]), tonumber(ARGV[3])
-local function next_round(rotation, user, score)
-  local round = math.floor(tonumber(score) / 1048576) + 1
+local weighted = redis.call('EXISTS', weights) == 1
+local function move(list, n)
+  if n == 1 then
+    local raw = redis.call('LMOVE', list, processing, 'LEFT', 'RIGHT')
+    taken[#taken + 1] = raw
+    return
+  end
+  local raws = redis.call('LRANGE', list, 0, n - 1)
+  redis.call('LTRIM', list, n, -1)
+  redis.call('RPUSH', processing, unpack(raws))
+  for _, raw in ipairs(raws) do taken[#taken + 1] = raw end
+end
+local function to_round(rotation, user, round)
   redis.call('ZADD', rotation, round * 1048576 + redis.call('INCR', seq) % 1048576, user)
 end
 for b = 6, #KEYS, 4 do
@@ -98,42 +115,54 @@ for b = 6, #KEYS, 4 do
     if not raw then break end
     taken[#taken + 1] = raw
   end
-  local passes = math.min(512, redis.call('ZCARD', rotation))
+  local users = redis.call('ZCARD', rotation)
+  local passes, last = math.min(512, users), nil
   while #taken < limit and passes > 0 do
     local head = redis.call('ZRANGE', rotation, 0, 0, 'WITHSCORES')
     local user, score = head[1], head[2]
     if not user then break end
-    local list = band .. ':u:' .. user
-    local raw = false
-    if cap == 0 or tonumber(redis.call('HGET', running, user) or '0') < cap then
-      raw = redis.call('LMOVE', list, processing, 'LEFT', 'RIGHT')
+    local list, round = band .. ':u:' .. user, math.floor(tonumber(score) / 1048576)
+    local waiting = redis.call('LLEN', list)
+    local room = limit - #taken
+    if cap > 0 then
+      room = math.min(room, cap - tonumber(redis.call('HGET', running, user) or '0'))
     end
-    if raw then
-      taken[#taken + 1] = raw
-      redis.call('HINCRBY', running, user, 1)
-      redis.call('SET', served, math.floor(tonumber(score) / 1048576))
-      local weight = tonumber(redis.call('HGET', weights, user) or '1')
-      local turns = 1
+    if waiting == 0 then
+      redis.call('ZREM', rotation, user)  -- nothing waiting (its list lost): out of the turns
+      users = users - 1
+    elseif room <= 0 then
+      to_round(rotation, user, round + 1)  -- at the cap: passed over, its messages left waiting
+      passes = passes - 1
+    else
+      local weight = weighted and tonumber(redis.call('HGET', weights, user) or '1') or 1
+      local turns = 0
       if weight > 1 then
         local who, n = string.match(redis.call('GET', turn) or '', '^(%S+) (%d+)$')
-        if who == user then turns = tonumber(n) + 1 end
+        -- a weight lowered since the turn began: the turn ends at this message
+        if who == user then turns = math.min(tonumber(n), weight - 1) end
       end
-      if redis.call('LLEN', list) == 0 then
+      local n = math.min(room, waiting)
+      if users > 1 then n = math.min(n, weight - turns) end
+      move(list, n)
+      redis.call('HINCRBY', running, user, n)
+      turns = turns + n
+      last = round + math.floor((turns - 1) / weight)
+      local next_round = round + math.floor(turns / weight)
+      if waiting == n then
         redis.call('ZREM', rotation, user)
-        if weight > 1 then redis.call('DEL', turn) end
-      elseif turns >= weight then
-        next_round(rotation, user, score)
+        users = users - 1
         if weight > 1 then redis.call('DEL', turn) end
       else
-        redis.call('SET', turn, user .. ' ' .. turns)
+        if next_round > round then to_round(rotation, user, next_round) end
+        if turns % weight > 0 then
+          redis.call('SET', turn, user .. ' ' .. (turns % weight))
+        elseif weight > 1 then
+          redis.call('DEL', turn)
+        end
       end
-    elseif redis.call('LLEN', list) == 0 then
-      redis.call('ZREM', rotation, user)  -- nothing waiting (its list lost): out of the turns
-    else
-      next_round(rotation, user, score)  -- at the cap: passed over, its messages left waiting
-      passes = passes - 1
     end
   end
+  if last then redis.call('SET', served, last) end
 end
 return taken
 """

@@ -86,3 +86,14 @@ def test_initdb_adds_the_index_to_an_older_database(runtime):
     assert INDEX not in {i.name for i in runtime.store.db.get_indexes('ai_job')}
     runtime.create_schema()
     assert INDEX in {i.name for i in runtime.store.db.get_indexes('ai_job')}
+
+
+def test_initdb_drops_the_index_the_admission_counters_replaced(runtime):
+    """ai_job (user_id, lifecycle_status) of an older database goes: nothing reads it, and the
+    busiest users' index took its place on the status writes."""
+    old = 'ai_job_user_id_lifecycle_status'
+    runtime.store.db.execute_sql('CREATE INDEX %s ON ai_job (user_id, lifecycle_status)' % old)
+    assert old in {i.name for i in runtime.store.db.get_indexes('ai_job')}
+    runtime.create_schema()
+    assert old not in {i.name for i in runtime.store.db.get_indexes('ai_job')}
+    runtime.create_schema()  # safe to run twice

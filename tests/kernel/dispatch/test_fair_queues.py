@@ -110,6 +110,40 @@ def test_a_batch_pop_takes_turns_too(make_queue):
     assert queue.in_flight('ai-interactive') == 0 and queue.depth('ai-interactive') == 7
 
 
+def taken_in_batches(queue, size, count):
+    """``count`` messages taken by pop_many of ``size`` (acked as taken), as a string of owners."""
+    order = ''
+    while len(order) < count:
+        batch = queue.pop_many('ai-interactive', 'c1', min(size, count - len(order)), 0.05)
+        if not batch:
+            break
+        order += ''.join(owner(d) for d in batch)
+        queue.ack_many(batch)
+    return order
+
+
+def burst_then_newcomers(queue, size):
+    """A alone, then W (weight 3) mid-burst, then B: the order each stage takes, in batches."""
+    push(queue, 'a', 25)
+    first = taken_in_batches(queue, size, 9)
+    push(queue, 'w', 12)
+    second = taken_in_batches(queue, size, 10)
+    push(queue, 'b', 4)
+    return first, second, taken_in_batches(queue, size, 100)
+
+
+@pytest.mark.parametrize('size', [2, 7, 40])
+@pytest.mark.parametrize('cap', [0, 40])
+def test_a_batch_pop_leaves_the_turns_as_single_pops_would(make_queue, size, cap):
+    """A burst taken in batches (a user alone takes its turns in a row in one visit; a weighted
+    user the rest of its turn) orders everything after it as pops of one message would: the
+    same users' turns, rounds and weights when newcomers arrive mid-burst."""
+    fair = {'user_weights': {'w': 3}, 'max_running_per_user': cap}
+    one_by_one = burst_then_newcomers(make_queue(**fair), 1)
+    assert burst_then_newcomers(make_queue(**fair), size) == one_by_one
+    assert one_by_one[0] == 'a' * 9 and one_by_one[1].startswith('wwwa')
+
+
 def test_messages_name_their_user_by_an_opaque_key_only(make_queue):
     queue = make_queue()
     queue.push(Message.for_job('j1', 'synthetic', 'ai-interactive', 50, user_key('alice@x.org')))

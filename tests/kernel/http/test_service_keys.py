@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jwt
 import pytest
 
 from engine.core.history import JobHistory
@@ -18,6 +19,7 @@ from engine.http.auth import TokenStore
 from tests.features.budgets.test_budgets import budget_rt, put, record_cost  # noqa: F401
 from tests.features.cache.test_cache import TEXT, USER_TYPE, start  # noqa: F401
 from tests.features.cache.test_cache import wait_terminal as wait_card_job
+from tests.kernel.http.test_jwt import AUDIENCE, ISSUER, SECRET, claims
 from tests.support import paths
 from tests.support.api import JOBS, Harness, job_body
 from tests.support.helpers import wait_until
@@ -58,6 +60,27 @@ def test_a_service_creates_a_job_that_is_the_users_and_names_the_service(svc_api
     assert created.detail['service'] == 'shop'
     events = svc_api.a.get(JOBS + '/' + job['jobId'] + '/events').json['events']
     assert events[0]['kind'] == 'created' and events[0]['detail']['service'] == 'shop'
+
+
+def test_a_services_job_is_read_with_its_users_jwt_and_hidden_from_anothers(make_runtime):
+    """The job a service key created for an end user is that user's under the application's
+    own credentials too: the JWT whose sub is the user reads and lists it, another user's JWT
+    gets 404 as for any job not its own."""
+    rt = make_runtime(AIJOB_JWT_SECRET=SECRET, AIJOB_JWT_ISSUER=ISSUER, AIJOB_JWT_AUDIENCE=AUDIENCE)
+    with rt.store.connection():
+        harness = with_service(Harness(rt))
+        job_id = create_for(harness, 'app-user-7')['jobId']
+        owner = harness.client(jwt.encode(claims(sub='app-user-7'), SECRET, algorithm='HS256'))
+        stranger = harness.client(jwt.encode(claims(sub='app-user-8'), SECRET, algorithm='HS256'))
+
+        read = owner.get(JOBS + '/' + job_id)
+        assert read.status == 200 and read.json['jobId'] == job_id, read
+        assert owner.get(JOBS + '/' + job_id + '/events').status == 200
+        assert [j['jobId'] for j in owner.get(JOBS).json['items']] == [job_id]
+        for path in (JOBS + '/' + job_id, JOBS + '/' + job_id + '/events'):
+            hidden = stranger.get(path)
+            assert hidden.status == 404 and hidden.error_code == 'JOB_NOT_FOUND', hidden
+        assert stranger.get(JOBS).json['items'] == []
 
 
 def test_a_service_reads_cancels_and_lists_one_users_jobs(svc_api):
