@@ -139,7 +139,7 @@ class _Call:
         watcher = _Watcher(self.ctx, stream)
         watcher.start()
         try:
-            for chunk in stream:
+            for chunk in _chunks(stream):
                 self.ctx.check()  # cancelled or out of time: leave; ``finally`` hangs up
                 self._take(chunk)
             self.ctx.check()  # the watcher's hang-up can look like a normal end
@@ -152,22 +152,29 @@ class _Call:
         return self._result(model)
 
     def _take(self, chunk):
-        self.model = chunk.model or self.model
-        if chunk.usage is not None:
+        """One chunk, as the JSON object the server sent (``_chunks``)."""
+        self.model = chunk.get('model') or self.model
+        usage = chunk.get('usage')
+        if isinstance(usage, dict):
             self.usage = Usage(
-                chunk.usage.prompt_tokens or 0,
-                chunk.usage.completion_tokens or 0,
-                cached_prompt_tokens=_cached_tokens(chunk.usage),
+                usage.get('prompt_tokens') or 0,
+                usage.get('completion_tokens') or 0,
+                cached_prompt_tokens=_cached_tokens(usage),
             )
-        for choice in chunk.choices or ():
-            delta = choice.delta
-            if delta is not None and delta.content:
-                self.parts.append(delta.content)
-                self.ctx.report_text(delta.content)  # to the job's live stream, if followed
-            if delta is not None and getattr(delta, 'refusal', None):
-                self.refusal.append(delta.refusal)
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
+        for choice in chunk.get('choices') or ():
+            if not isinstance(choice, dict):
+                raise ValueError('a choice that is not a JSON object')  # a malformed event
+            delta = choice.get('delta') or {}
+            if not isinstance(delta, dict):
+                raise ValueError('a delta that is not a JSON object')
+            content = delta.get('content')
+            if content:
+                self.parts.append(content)
+                self.ctx.report_text(content)  # to the job's live stream, if followed
+            if delta.get('refusal'):
+                self.refusal.append(delta['refusal'])
+            if choice.get('finish_reason'):
+                self.finish_reason = choice['finish_reason']
 
     def _result(self, model):
         usage = self.usage or self.estimated_usage()
@@ -211,6 +218,28 @@ class _Call:
             ProviderError('provider sent a malformed stream event', code='PROVIDER_ERROR'),
             self.estimated_usage(),
         )
+
+
+def _chunks(stream):
+    """The stream's chunks as the JSON objects the server sent. The package's own iteration
+    builds a pydantic object per chunk, which was half of a worker's CPU with thousands of
+    streams at once (issue 34); this reads the same server-sent events (the pinned package's
+    ``Stream._iter_events``: its decoding, and its timeout and connection errors) and keeps
+    what its iteration does with them: ``[DONE]`` ends the stream, an ``error`` object raises
+    ``APIError``, malformed JSON raises ValueError."""
+    for event in stream._iter_events():
+        if event.data.startswith('[DONE]'):
+            return
+        chunk = json.loads(event.data)
+        if isinstance(chunk, dict) and chunk.get('error'):
+            error = chunk['error']
+            message = error.get('message') if isinstance(error, dict) else None
+            if not message or not isinstance(message, str):
+                message = 'An error occurred during streaming'
+            raise openai.APIError(message, request=stream.response.request, body=error)
+        if not isinstance(chunk, dict):
+            raise ValueError('a stream event that is not a JSON object')
+        yield chunk
 
 
 class _Watcher(threading.Thread):
@@ -375,10 +404,10 @@ def parse_json_object(text, finish_reason=None):
 def _cached_tokens(usage):
     """Prompt tokens served from the provider's cache: OpenAI's ``prompt_tokens_details``, or
     DeepSeek's ``prompt_cache_hit_tokens``; 0 when the server says nothing."""
-    details = getattr(usage, 'prompt_tokens_details', None)
-    cached = getattr(details, 'cached_tokens', None) if details is not None else None
+    details = usage.get('prompt_tokens_details')
+    cached = details.get('cached_tokens') if isinstance(details, dict) else None
     if cached is None:
-        cached = (getattr(usage, 'model_extra', None) or {}).get('prompt_cache_hit_tokens')
+        cached = usage.get('prompt_cache_hit_tokens')
     return cached if isinstance(cached, int) and cached > 0 else 0
 
 
