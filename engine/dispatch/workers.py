@@ -223,7 +223,6 @@ class WorkerPool:
     def _run(self, chunk, deliveries):
         """A runner: its jobs in turn, then their messages acknowledged (or handed back when
         the worker stops under them), then their slots freed."""
-        statuses = {}
         try:
             statuses = self.engine.run_claimed(
                 chunk, self.claim_ahead_ms / 1000.0, self.claim.observe
@@ -232,12 +231,12 @@ class WorkerPool:
             log_event('worker.run_error', logging.ERROR, exc_info=True, queue=self.queue_name)
             self._hand_back(deliveries)
             return
-        back = [
-            d
-            for d in deliveries
-            if statuses.get(d.message.job_id) is None and self.stopping.is_set()
-        ]
-        self._finish([d for d in deliveries if d not in back], back)
+        done, back = [], []
+        for delivery in deliveries:
+            # None while stopping: abandoned, handed back for another worker to take over.
+            stopped = statuses.get(delivery.message.job_id) is None and self.stopping.is_set()
+            (back if stopped else done).append(delivery)
+        self._finish(done, back)
 
     def _finish(self, done, back):
         """Acknowledge ``done`` (finished, or a duplicate of a job run elsewhere) and hand

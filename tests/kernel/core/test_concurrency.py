@@ -140,3 +140,35 @@ def test_a_finished_job_is_not_reported_lost(engine_rt):
     engine_rt.lifecycle.mark_succeeded(job.id, fence=fence)  # done, and no longer held
     supervisor.extend_locks([attempt])
     assert not attempt.abandoned
+
+
+def test_the_fast_cancel_path_reads_the_flags_only_when_a_cancel_was_signalled(engine_rt):
+    """check_cancel_signals: a signalled cancel reaches its running job (no heartbeat, no
+    database read); a flag set without the signal's count moving is not looked at."""
+    me = 'test-worker'
+    engine = ExecutionEngine(engine_rt, me)
+    supervisor = Supervisor(engine_rt, engine, me)
+    definition = engine_rt.registry.get('synthetic')
+    attempts = []
+    for name in ('a', 'b'):
+        job = create_job(engine_rt, user_id='u-' + name, input={'sleepMs': 5000})
+        fence = run_to_running(engine_rt, job.id, me)
+        attempt = Attempt(AiJob.get_by_id(job.id), definition, Fence(me, fence.attempt_no))
+        engine.held[job.id] = attempt
+        attempts.append(attempt)
+    first, second = attempts
+    supervisor.check_cancel_signals()  # the first look: nothing signalled
+    assert not first.cancel_event.is_set() and not second.cancel_event.is_set()
+    sent = engine_rt.queue.cancel_signals_sent()
+    engine_rt.queue.signal_cancel(first.job.id)
+    assert engine_rt.queue.cancel_signals_sent() != sent
+    supervisor.check_cancel_signals()
+    assert first.cancel_event.is_set() and not second.cancel_event.is_set()
+    # The second's flag set, with the count as this supervisor last saw it: not read.
+    engine_rt.queue.signal_cancel(second.job.id)
+    supervisor._cancels_seen = engine_rt.queue.cancel_signals_sent()
+    supervisor.check_cancel_signals()
+    assert not second.cancel_event.is_set()
+    engine_rt.queue.signal_cancel(second.job.id)  # the count moves: the flags are read
+    supervisor.check_cancel_signals()
+    assert second.cancel_event.is_set()
