@@ -171,6 +171,29 @@ def test_racing_creates_of_one_user_stop_exactly_at_the_limit(make_runtime):
         assert counts() == (10, 10, 10)
 
 
+def test_one_users_creates_share_a_lane_and_many_users_spread_over_the_lanes(runtime):
+    """A user's creates all commit in one lane (CreateLanes): one transaction at a time, never
+    two waiting for each other on the user's admission row. Creates of many users commit in
+    several lanes side by side."""
+    lanes = runtime.service.creates.lanes
+    assert len(lanes) > 1
+
+    def one_user(i):
+        return runtime.service.create_job(new_request(input={'i': i}))
+
+    run_threads(16, one_user, runtime.store)
+    assert sorted(lane.works for lane in lanes) == [0] * (len(lanes) - 1) + [16]
+    before = [lane.works for lane in lanes]
+    run_threads(
+        32,
+        lambda i: runtime.service.create_job(new_request(user_id='user-%d' % i)),
+        runtime.store,
+    )
+    used = [lane.works - was for lane, was in zip(lanes, before, strict=True)]
+    assert sum(used) == 32 and sum(n > 0 for n in used) > 1
+    assert counts() == (48, 48, 48)
+
+
 def test_a_failure_between_job_and_outbox_leaves_neither(runtime, monkeypatch):
     def explode(*args, **kwargs):
         raise RuntimeError('injected between the job insert and the outbox insert')
