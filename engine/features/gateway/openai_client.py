@@ -3,6 +3,7 @@ and llama.cpp servers. It streams, so that a cancelled job or a passed deadline 
 request between chunks, and it only classifies failures (contracts §5.2): the engine owns retries.
 Every ``openai`` exception is translated here; none leaves this module."""
 
+import contextlib
 import email.utils
 import json
 import socket
@@ -40,13 +41,51 @@ TEMPLATE_TOKENS_PER_REQUEST = 128
 # subscripting it builds a new alias each time).
 _CHUNK_STREAM = openai.Stream[ChatCompletionChunk]
 
-# Connections kept open between calls, per provider.
-KEEPALIVE_CONNECTIONS = 100
+# The calls one HTTP connection pool holds at most (``_HttpPools``), and the idle connections it
+# keeps for its next calls.
+CALLS_PER_POOL = 64
+KEEPALIVE_CONNECTIONS = CALLS_PER_POOL
 
 
 def _http_client():
+    # No cap on connections: the package's default (1 000) would make the calls beyond it wait
+    # for a connection until they time out; the worker's slots and the gateway's rate limits
+    # bound how many calls run.
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS)
     return openai.DefaultHttpxClient(limits=limits)
+
+
+class _HttpPools:
+    """A provider's HTTP clients, each with its own connection pool: a call leases the one with
+    the fewest calls, and a new one is made when each holds CALLS_PER_POOL. *Why:* the HTTP
+    pool scans all its connections and requests whenever a request starts or ends, so one
+    pool holding thousands of streams cost O(N²) (a tenth of a worker's CPU at 2 000 calls,
+    issue 34); a pool here holds at most CALLS_PER_POOL calls. A call never waits: there is
+    always a pool with room, the first made on demand. Pools are kept for the process: an
+    idle pool holds at most KEEPALIVE_CONNECTIONS idle connections, which httpx closes once
+    they have been idle for its keep-alive expiry (5 s), at that pool's next request."""
+
+    def __init__(self, first):
+        self._lock = threading.Lock()
+        self._pools = [[first, 0]]  # [httpx client, calls it holds]
+
+    @contextlib.contextmanager
+    def lease(self):
+        with self._lock:
+            pool = min(self._pools, key=_calls_held)
+            if pool[1] >= CALLS_PER_POOL:
+                pool = [_http_client(), 0]
+                self._pools.append(pool)
+            pool[1] += 1
+        try:
+            yield pool[0]
+        finally:
+            with self._lock:
+                pool[1] -= 1
+
+
+def _calls_held(pool):
+    return pool[1]
 
 
 class OpenAICompatibleProvider(Provider):
@@ -61,14 +100,14 @@ class OpenAICompatibleProvider(Provider):
         self.base_url = base_url
         self.read_timeout_s = read_timeout_s
         self.prompts = prompts or default_library()
-        # One client (and connection pool) per provider; each call sets its own key and timeout.
+        # One client per provider; each call sets its own key and timeout, and leases an HTTP
+        # client of the provider's pools (``_HttpPools``), the first of which is the client's.
         # max_retries=0: a retry here would hide failures from the engine's retry policy.
-        # No cap on connections: the package's default (1 000) would make the calls beyond it
-        # wait for a connection until they time out; the worker's slots and the gateway's rate
-        # limits bound how many calls run.
+        http_client = _http_client()
         self._client = openai.OpenAI(
-            api_key='unset', base_url=base_url, max_retries=0, http_client=_http_client()
+            api_key='unset', base_url=base_url, max_retries=0, http_client=http_client
         )
+        self._pools = _HttpPools(http_client)
         # The package imports a chat call's modules (resources, stream types) at the client's
         # first use of ``chat.completions``. Done here, once, in the thread that builds the
         # gateway: two job threads making their first calls at once could each meet a module
@@ -87,21 +126,24 @@ class OpenAICompatibleProvider(Provider):
         ctx.check()
         call = _Call(ctx, estimate_tokens(messages))
         try:
-            stream = self._open(request, messages, ctx)
-            return call.collect(stream, request.model or self.model)
+            with self._pools.lease() as http_client:
+                stream = self._open(request, messages, ctx, http_client)
+                return call.collect(stream, request.model or self.model)
         except openai.OpenAIError as exc:
             raise call.translate(exc) from None
         except ValueError:
             # A stream event whose data is not JSON: the server broke the protocol.
             raise call.translate_malformed() from None
 
-    def _open(self, request, messages, ctx):
+    def _open(self, request, messages, ctx, http_client):
         # The job's deadline bounds the whole call; a silent connection fails sooner, as a
         # retryable PROVIDER_TIMEOUT, while the job still has time for another attempt.
         remaining = max(0.001, ctx.remaining_s())
         timeout = openai.Timeout(remaining, read=min(remaining, self.read_timeout_s))
         api_key = request.credential.api_key or 'unset'  # a keyless local server ignores it
-        client = self._client.with_options(api_key=api_key, timeout=timeout)
+        client = self._client.with_options(
+            api_key=api_key, timeout=timeout, http_client=http_client
+        )
         body = self.chat_body(request, messages)
         body['stream'] = True
         body['stream_options'] = {'include_usage': True}
