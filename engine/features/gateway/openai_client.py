@@ -201,8 +201,7 @@ class _Call:
         self.model = None
 
     def collect(self, stream, model):
-        watcher = _Watcher(self.ctx, stream)
-        watcher.start()
+        _WATCHER.watch(self.ctx, stream)
         try:
             for chunk in _chunks(stream):
                 self.ctx.check()  # cancelled or out of time: leave; ``finally`` hangs up
@@ -212,7 +211,7 @@ class _Call:
             exc.usage = self.estimated_usage()
             raise
         finally:
-            watcher.stop()
+            _WATCHER.forget(stream)
             stream.close()
         return self._result(model)
 
@@ -307,23 +306,50 @@ def _chunks(stream):
         yield chunk
 
 
-class _Watcher(threading.Thread):
-    """Hangs up the stream's socket once the job is cancelled or out of time, so a read blocked
-    on a silent server returns at once (closing the response alone does not wake it)."""
+class _Watcher:
+    """Hangs up the socket of each open stream whose job is cancelled or out of time, so a read
+    blocked on a silent server returns at once (closing the response alone does not wake it).
+    One thread for all the process's streams, which looks at each every WATCH_INTERVAL_S: a
+    thread per stream, each waking 20 times a second, made 40 000 wake-ups a second with 2 000
+    streams open (issue 34). It runs while a stream is open and ends when none is."""
 
-    def __init__(self, ctx, stream):
-        super().__init__(daemon=True, name='aijob-stream-watcher')
-        self.ctx, self.stream = ctx, stream
-        self._stopped = threading.Event()
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._streams = {}  # id(stream): (ctx, stream)
+        self._running = False
 
-    def run(self):
-        while not self._stopped.wait(WATCH_INTERVAL_S):
-            if self.ctx.is_cancelled() or self.ctx.remaining_s() <= 0:
-                _hang_up(self.stream)
-                return
+    def watch(self, ctx, stream):
+        with self._lock:
+            self._streams[id(stream)] = (ctx, stream)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, daemon=True, name='aijob-stream-watcher').start()
 
-    def stop(self):
-        self._stopped.set()
+    def forget(self, stream):
+        # Under the lock: once this returns, the watcher cannot hang up this stream's socket,
+        # which its connection may lend to another call once the stream is closed.
+        with self._lock:
+            self._streams.pop(id(stream), None)
+
+    def _run(self):
+        try:
+            while True:
+                time.sleep(WATCH_INTERVAL_S)
+                with self._lock:
+                    if not self._streams:
+                        self._running = False  # under the lock: a stream watched next starts one
+                        return
+                    for key, (ctx, stream) in list(self._streams.items()):
+                        if ctx.is_cancelled() or ctx.remaining_s() <= 0:
+                            del self._streams[key]
+                            _hang_up(stream)
+        except BaseException:
+            with self._lock:
+                self._running = False  # not expected; the next stream watched starts another
+            raise
+
+
+_WATCHER = _Watcher()
 
 
 def _hang_up(stream):
