@@ -3,7 +3,6 @@ and llama.cpp servers. It streams, so that a cancelled job or a passed deadline 
 request between chunks, and it only classifies failures (contracts §5.2): the engine owns retries.
 Every ``openai`` exception is translated here; none leaves this module."""
 
-import contextlib
 import email.utils
 import json
 import socket
@@ -47,12 +46,12 @@ CALLS_PER_POOL = 64
 KEEPALIVE_CONNECTIONS = CALLS_PER_POOL
 
 
-def _http_client():
+def _http_client(ssl_context):
     # No cap on connections: the package's default (1 000) would make the calls beyond it wait
     # for a connection until they time out; the worker's slots and the gateway's rate limits
     # bound how many calls run.
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS)
-    return openai.DefaultHttpxClient(limits=limits)
+    return openai.DefaultHttpxClient(limits=limits, verify=ssl_context)
 
 
 class _HttpPools:
@@ -61,27 +60,32 @@ class _HttpPools:
     pool scans all its connections and requests whenever a request starts or ends, so one
     pool holding thousands of streams cost O(N²) (a tenth of a worker's CPU at 2 000 calls,
     issue 34); a pool here holds at most CALLS_PER_POOL calls. A call never waits: there is
-    always a pool with room, the first made on demand. Pools are kept for the process: an
-    idle pool holds at most KEEPALIVE_CONNECTIONS idle connections, which httpx closes once
-    they have been idle for its keep-alive expiry (5 s), at that pool's next request."""
+    always a pool with room, a new one if need be. Pools are kept for the process: an idle
+    pool holds at most KEEPALIVE_CONNECTIONS idle connections, which httpx closes once they
+    have been idle for its keep-alive expiry (5 s), at that pool's next request."""
 
-    def __init__(self, first):
+    def __init__(self):
+        # The TLS settings an httpx client makes by default (verify=True, SSL_CERT_FILE and
+        # SSL_CERT_DIR honoured), made once for all the pools: each client would load the CA
+        # certificates again (~25 ms of CPU).
+        self._ssl_context = httpx2.create_ssl_context()
         self._lock = threading.Lock()
-        self._pools = [[first, 0]]  # [httpx client, calls it holds]
+        self.first = _http_client(self._ssl_context)
+        self._pools = [[self.first, 0]]  # [httpx client, calls it holds]
 
-    @contextlib.contextmanager
     def lease(self):
+        """[httpx client, calls it holds] for one call, to ``release`` when it ends."""
         with self._lock:
             pool = min(self._pools, key=_calls_held)
             if pool[1] >= CALLS_PER_POOL:
-                pool = [_http_client(), 0]
+                pool = [_http_client(self._ssl_context), 0]
                 self._pools.append(pool)
             pool[1] += 1
-        try:
-            yield pool[0]
-        finally:
-            with self._lock:
-                pool[1] -= 1
+        return pool
+
+    def release(self, pool):
+        with self._lock:
+            pool[1] -= 1
 
 
 def _calls_held(pool):
@@ -103,11 +107,10 @@ class OpenAICompatibleProvider(Provider):
         # One client per provider; each call sets its own key and timeout, and leases an HTTP
         # client of the provider's pools (``_HttpPools``), the first of which is the client's.
         # max_retries=0: a retry here would hide failures from the engine's retry policy.
-        http_client = _http_client()
+        self._pools = _HttpPools()
         self._client = openai.OpenAI(
-            api_key='unset', base_url=base_url, max_retries=0, http_client=http_client
+            api_key='unset', base_url=base_url, max_retries=0, http_client=self._pools.first
         )
-        self._pools = _HttpPools(http_client)
         # The package imports a chat call's modules (resources, stream types) at the client's
         # first use of ``chat.completions``. Done here, once, in the thread that builds the
         # gateway: two job threads making their first calls at once could each meet a module
@@ -126,9 +129,12 @@ class OpenAICompatibleProvider(Provider):
         ctx.check()
         call = _Call(ctx, estimate_tokens(messages))
         try:
-            with self._pools.lease() as http_client:
-                stream = self._open(request, messages, ctx, http_client)
+            pool = self._pools.lease()
+            try:
+                stream = self._open(request, messages, ctx, pool[0])
                 return call.collect(stream, request.model or self.model)
+            finally:
+                self._pools.release(pool)
         except openai.OpenAIError as exc:
             raise call.translate(exc) from None
         except ValueError:
