@@ -327,9 +327,9 @@ class _Watcher:
     def watch(self, ctx, stream):
         with self._lock:
             self._streams[id(stream)] = (ctx, stream)
-            if not self._running:
-                self._running = True
-                threading.Thread(target=self._run, daemon=True, name='aijob-stream-watcher').start()
+            start, self._running = not self._running, True
+        if start:  # outside the lock: a thread's start waits for it to run
+            threading.Thread(target=self._run, daemon=True, name='aijob-stream-watcher').start()
 
     def forget(self, stream):
         # Under the lock: once this returns, the watcher cannot hang up this stream's socket,
