@@ -11,6 +11,8 @@ import time
 
 import httpx2  # the openai package's HTTP client
 import openai
+from openai._base_client import make_request_options  # private: see _open
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from ...core.errors import (
     ContentSafetyError,
@@ -34,13 +36,60 @@ TEMPLATE_TOKENS_PER_MESSAGE = 8
 TEMPLATE_TOKENS_PER_REQUEST = 128
 
 
-# Connections kept open between calls, per provider.
-KEEPALIVE_CONNECTIONS = 100
+# The stream class ``chat.completions.create`` passes for a streamed call (made once here:
+# subscripting it builds a new alias each time).
+_CHUNK_STREAM = openai.Stream[ChatCompletionChunk]
+
+# The calls one HTTP connection pool holds at most (``_HttpPools``), and the idle connections it
+# keeps for its next calls.
+CALLS_PER_POOL = 64
+KEEPALIVE_CONNECTIONS = CALLS_PER_POOL
 
 
-def _http_client():
+def _http_client(ssl_context):
+    # No cap on connections: the package's default (1 000) would make the calls beyond it wait
+    # for a connection until they time out; the worker's slots and the gateway's rate limits
+    # bound how many calls run.
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS)
-    return openai.DefaultHttpxClient(limits=limits)
+    return openai.DefaultHttpxClient(limits=limits, verify=ssl_context)
+
+
+class _HttpPools:
+    """A provider's HTTP clients, each with its own connection pool: a call leases the one with
+    the fewest calls, and a new one is made when each holds CALLS_PER_POOL. *Why:* the HTTP
+    pool scans all its connections and requests whenever a request starts or ends, so one
+    pool holding thousands of streams cost O(N²) (a tenth of a worker's CPU at 2 000 calls,
+    issue 34); a pool here holds at most CALLS_PER_POOL calls. A call never waits: there is
+    always a pool with room, a new one if need be. Pools are kept for the process: an idle
+    pool holds at most KEEPALIVE_CONNECTIONS idle connections, which httpx closes once they
+    have been idle for its keep-alive expiry (5 s), at that pool's next request."""
+
+    def __init__(self):
+        # The TLS settings an httpx client makes by default (verify=True, SSL_CERT_FILE and
+        # SSL_CERT_DIR honoured), made once for all the pools: each client would load the CA
+        # certificates again (~25 ms of CPU).
+        self._ssl_context = httpx2.create_ssl_context()
+        self._lock = threading.Lock()
+        self.first = _http_client(self._ssl_context)
+        self._pools = [[self.first, 0]]  # [httpx client, calls it holds]
+
+    def lease(self):
+        """[httpx client, calls it holds] for one call, to ``release`` when it ends."""
+        with self._lock:
+            pool = min(self._pools, key=_calls_held)
+            if pool[1] >= CALLS_PER_POOL:
+                pool = [_http_client(self._ssl_context), 0]
+                self._pools.append(pool)
+            pool[1] += 1
+        return pool
+
+    def release(self, pool):
+        with self._lock:
+            pool[1] -= 1
+
+
+def _calls_held(pool):
+    return pool[1]
 
 
 class OpenAICompatibleProvider(Provider):
@@ -55,13 +104,12 @@ class OpenAICompatibleProvider(Provider):
         self.base_url = base_url
         self.read_timeout_s = read_timeout_s
         self.prompts = prompts or default_library()
-        # One client (and connection pool) per provider; each call sets its own key and timeout.
+        # One client per provider; each call sets its own key and timeout, and leases an HTTP
+        # client of the provider's pools (``_HttpPools``), the first of which is the client's.
         # max_retries=0: a retry here would hide failures from the engine's retry policy.
-        # No cap on connections: the package's default (1 000) would make the calls beyond it
-        # wait for a connection until they time out; the worker's slots and the gateway's rate
-        # limits bound how many calls run.
+        self._pools = _HttpPools()
         self._client = openai.OpenAI(
-            api_key='unset', base_url=base_url, max_retries=0, http_client=_http_client()
+            api_key='unset', base_url=base_url, max_retries=0, http_client=self._pools.first
         )
         # The package imports a chat call's modules (resources, stream types) at the client's
         # first use of ``chat.completions``. Done here, once, in the thread that builds the
@@ -69,6 +117,10 @@ class OpenAICompatibleProvider(Provider):
         # the other was still importing, and pydantic then leaves a model unbuilt
         # (PydanticUserError in the stream; CI saw two calls fail INTERNAL_PROVIDER_ERROR so).
         self._client.chat.completions  # noqa: B018 - the access imports them
+        # The package computes its platform headers on a client's first request and caches
+        # them for the process (``platform_headers``); computing them forks ``uname -p``, so
+        # the first calls of a worker started with work queued each forked one at once.
+        self._client.platform_headers()
 
     def generate(self, request, ctx):
         if not request.credential.api_key and self.needs_api_key:
@@ -77,25 +129,44 @@ class OpenAICompatibleProvider(Provider):
         ctx.check()
         call = _Call(ctx, estimate_tokens(messages))
         try:
-            stream = self._open(request, messages, ctx)
-            return call.collect(stream, request.model or self.model)
+            pool = self._pools.lease()
+            try:
+                stream = self._open(request, messages, ctx, pool[0])
+                return call.collect(stream, request.model or self.model)
+            finally:
+                self._pools.release(pool)
         except openai.OpenAIError as exc:
             raise call.translate(exc) from None
         except ValueError:
             # A stream event whose data is not JSON: the server broke the protocol.
             raise call.translate_malformed() from None
 
-    def _open(self, request, messages, ctx):
+    def _open(self, request, messages, ctx, http_client):
         # The job's deadline bounds the whole call; a silent connection fails sooner, as a
         # retryable PROVIDER_TIMEOUT, while the job still has time for another attempt.
         remaining = max(0.001, ctx.remaining_s())
         timeout = openai.Timeout(remaining, read=min(remaining, self.read_timeout_s))
         api_key = request.credential.api_key or 'unset'  # a keyless local server ignores it
-        client = self._client.with_options(api_key=api_key, timeout=timeout)
-        return client.chat.completions.create(
-            **self.chat_body(request, messages),
+        client = self._client.with_options(
+            api_key=api_key, timeout=timeout, http_client=http_client
+        )
+        body = self.chat_body(request, messages)
+        body['stream'] = True
+        body['stream_options'] = {'include_usage': True}
+        # What the pinned package's ``chat.completions.create(**body)`` does, less its
+        # ``maybe_transform`` of the body (a walk of the request's TypedDict by its type
+        # hints, ~0.7 ms a call, a fifth of opening a stream with thousands at once; issue
+        # 34): the body built here is plain JSON already (strings, numbers, dicts, lists),
+        # which the transform sends unchanged. ``post``, its options and the stream class are
+        # those ``create`` passes (``make_request_options`` is the package's private helper),
+        # so the headers, the auth, the timeout and the exceptions are the same.
+        return client.post(
+            '/chat/completions',
+            body=body,
+            options=make_request_options(security={'bearer_auth': True}),
+            cast_to=ChatCompletion,
             stream=True,
-            stream_options={'include_usage': True},
+            stream_cls=_CHUNK_STREAM,
         )
 
     def chat_body(self, request, messages=None):
@@ -136,8 +207,7 @@ class _Call:
         self.model = None
 
     def collect(self, stream, model):
-        watcher = _Watcher(self.ctx, stream)
-        watcher.start()
+        _WATCHER.watch(self.ctx, stream)
         try:
             for chunk in _chunks(stream):
                 self.ctx.check()  # cancelled or out of time: leave; ``finally`` hangs up
@@ -147,7 +217,7 @@ class _Call:
             exc.usage = self.estimated_usage()
             raise
         finally:
-            watcher.stop()
+            _WATCHER.forget(stream)
             stream.close()
         return self._result(model)
 
@@ -242,23 +312,50 @@ def _chunks(stream):
         yield chunk
 
 
-class _Watcher(threading.Thread):
-    """Hangs up the stream's socket once the job is cancelled or out of time, so a read blocked
-    on a silent server returns at once (closing the response alone does not wake it)."""
+class _Watcher:
+    """Hangs up the socket of each open stream whose job is cancelled or out of time, so a read
+    blocked on a silent server returns at once (closing the response alone does not wake it).
+    One thread for all the process's streams, which looks at each every WATCH_INTERVAL_S: a
+    thread per stream, each waking 20 times a second, made 40 000 wake-ups a second with 2 000
+    streams open (issue 34). It runs while a stream is open and ends when none is."""
 
-    def __init__(self, ctx, stream):
-        super().__init__(daemon=True, name='aijob-stream-watcher')
-        self.ctx, self.stream = ctx, stream
-        self._stopped = threading.Event()
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._streams = {}  # id(stream): (ctx, stream)
+        self._running = False
 
-    def run(self):
-        while not self._stopped.wait(WATCH_INTERVAL_S):
-            if self.ctx.is_cancelled() or self.ctx.remaining_s() <= 0:
-                _hang_up(self.stream)
-                return
+    def watch(self, ctx, stream):
+        with self._lock:
+            self._streams[id(stream)] = (ctx, stream)
+            start, self._running = not self._running, True
+        if start:  # outside the lock: a thread's start waits for it to run
+            threading.Thread(target=self._run, daemon=True, name='aijob-stream-watcher').start()
 
-    def stop(self):
-        self._stopped.set()
+    def forget(self, stream):
+        # Under the lock: once this returns, the watcher cannot hang up this stream's socket,
+        # which its connection may lend to another call once the stream is closed.
+        with self._lock:
+            self._streams.pop(id(stream), None)
+
+    def _run(self):
+        try:
+            while True:
+                time.sleep(WATCH_INTERVAL_S)
+                with self._lock:
+                    if not self._streams:
+                        self._running = False  # under the lock: a stream watched next starts one
+                        return
+                    for key, (ctx, stream) in list(self._streams.items()):
+                        if ctx.is_cancelled() or ctx.remaining_s() <= 0:
+                            del self._streams[key]
+                            _hang_up(stream)
+        except BaseException:
+            with self._lock:
+                self._running = False  # not expected; the next stream watched starts another
+            raise
+
+
+_WATCHER = _Watcher()
 
 
 def _hang_up(stream):

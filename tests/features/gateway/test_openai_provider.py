@@ -19,7 +19,13 @@ from engine.core.errors import (
 )
 from engine.execution.prompts import default_library
 from engine.execution.providers import CallContext, Credential, ProviderRequest
-from engine.features.gateway.openai_client import OpenAICompatibleProvider, retry_after_seconds
+from engine.features.gateway.openai_client import (
+    CALLS_PER_POOL,
+    WATCH_INTERVAL_S,
+    OpenAICompatibleProvider,
+    _HttpPools,
+    retry_after_seconds,
+)
 from engine.jobtypes.flashcards import FLASHCARD_JOB_DEFINITION, FLASHCARDS_V1
 from tests.support.fake_openai import Reply, error_reply, json_reply
 
@@ -229,6 +235,36 @@ def test_cancelling_while_the_server_is_silent_hangs_up_at_once(fake, provider):
     assert fake.client_closed.wait(2)  # during the 20 s silence, not after it
 
 
+def test_a_cancel_hangs_up_only_its_own_stream_among_silent_ones(fake, provider):
+    # One watcher looks after every open stream: it must hang up the cancelled one only.
+    fake.script(json_reply(CARDS, first_delay_s=1.5))
+    cancelled, other = context(seconds=30), context(seconds=30)
+    outcomes = {}
+
+    def call(name, ctx):
+        started = time.monotonic()
+        try:
+            outcomes[name] = provider.generate(request(), ctx).output
+        except JobCancelledError:
+            outcomes[name] = time.monotonic() - started
+
+    threads = [threading.Thread(target=call, args=a) for a in (('a', cancelled), ('b', other))]
+    for thread in threads:
+        thread.start()
+    threading.Timer(0.3, cancelled.cancel_event.set).start()
+    for thread in threads:
+        thread.join(10)
+    assert outcomes['a'] < 1.2  # cancelled at 0.3 s, hung up during the 1.5 s silence
+    assert outcomes['b'] == CARDS
+
+
+def test_the_stream_watcher_runs_only_while_a_stream_is_open(fake, provider):
+    fake.script(json_reply(CARDS))
+    provider.generate(request(), context())
+    time.sleep(4 * WATCH_INTERVAL_S)
+    assert not [t for t in threading.enumerate() if t.name == 'aijob-stream-watcher']
+
+
 def test_a_job_cancelled_before_the_call_sends_nothing(fake, provider):
     ctx = context()
     ctx.cancel_event.set()
@@ -249,3 +285,18 @@ def test_an_unknown_prompt_version_is_a_request_error_without_a_call(fake, provi
         provider.generate(request(prompt_version='v99'), context())
     assert not caught.value.retryable
     assert fake.requests == []
+
+
+# ---------------------------------------------------------------- connection pools
+def test_calls_lease_the_pool_with_fewest_calls_and_a_new_one_when_all_are_full():
+    pools = _HttpPools()
+    leased = [pools.lease() for _ in range(2 * CALLS_PER_POOL + 1)]
+    assert leased[0][0] is pools.first  # the provider's client's own pool comes first
+    assert len({id(pool[0]) for pool in leased}) == 3  # no call waited for a connection
+    assert [pool[1] for pool in (leased[0], leased[CALLS_PER_POOL], leased[-1])] == [
+        CALLS_PER_POOL,
+        CALLS_PER_POOL,
+        1,
+    ]
+    pools.release(leased[0])
+    assert pools.lease() is leased[-1]  # 1 call, fewer than the first's 63
