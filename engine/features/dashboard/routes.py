@@ -11,6 +11,7 @@ Errors are HTML pages for a browser (``Accept: text/html``) and the API's JSON e
 with the same code and status either way.
 """
 
+import http.cookies
 import json
 import os
 import re
@@ -200,7 +201,7 @@ class Dashboard:
                 return _redirect(PREFIX)  # already signed in
             except _SignIn:
                 pass
-        nonce = bottle.request.get_cookie(LOGIN_COOKIE)
+        nonce = _cookie(LOGIN_COOKIE)
         if not nonce or len(nonce) > 64:
             nonce = os.urandom(16).hex()
         values = {
@@ -216,7 +217,7 @@ class Dashboard:
     def login(self):
         try:
             self._same_origin()
-            nonce = bottle.request.get_cookie(LOGIN_COOKIE)
+            nonce = _cookie(LOGIN_COOKIE)
             if not nonce or bottle.request.forms.getunicode('csrf') != nonce:
                 raise CsrfError()
         except AiJobError as exc:
@@ -316,7 +317,7 @@ class Dashboard:
 
     # -- helpers
     def _signed_in(self):
-        session_id = bottle.request.get_cookie(SESSION_COOKIE)
+        session_id = _cookie(SESSION_COOKIE)
         principal = self.sessions.find(session_id) if session_id else None
         if principal is None:
             raise _SignIn()
@@ -396,6 +397,21 @@ def _html(body, status=200, headers=None):
     all_headers = dict(SECURITY_HEADERS, **{'Content-Type': 'text/html; charset=utf-8'})
     all_headers.update(headers or {})
     return bottle.HTTPResponse(body=body.encode('utf-8'), status=status, headers=all_headers)
+
+
+def _cookie(name):
+    """The request's cookie ``name``, or None. A Cookie header the standard parser refuses (a
+    name with a character it does not allow, from any other site's cookie on this host) is read
+    leniently instead, pair by pair: one bad cookie must not make the dashboard fail."""
+    try:
+        return bottle.request.get_cookie(name)
+    except http.cookies.CookieError:
+        pass
+    for pair in bottle.request.get_header('Cookie', '').split(';'):
+        key, _, value = pair.partition('=')
+        if key.strip() == name:
+            return value.strip().strip('"') or None
+    return None
 
 
 def _redirect(location):

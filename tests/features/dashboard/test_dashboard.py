@@ -95,6 +95,20 @@ def test_pages_send_a_browser_to_sign_in_and_answer_json_401_otherwise(board):
     assert '"code": "UNAUTHORIZED"' in api.text
 
 
+def test_a_cookie_the_standard_parser_refuses_changes_nothing(board):
+    """Another site's cookie on the same host with a name Python's parser refuses (``@``): the
+    contract run's malformed Cookie header made this a 500. Signed out it is 401; signed in
+    the session still holds."""
+    stranger = board.client()
+    stranger.jar['a@b'] = '2'
+    api = stranger.get('/dashboard/jobs', accept='application/json')
+    assert api.status == 401 and '"code": "UNAUTHORIZED"' in api.text
+    operator = board.operator()
+    operator.jar['a@b'] = '2'
+    page = operator.get('/dashboard/jobs')
+    assert page.status == 200 and 'root' in page.text
+
+
 def test_sign_in_without_the_forms_own_token_is_refused(board):
     client = board.client()
     response = client.post('/dashboard/login', {'token': board.admin_token})
