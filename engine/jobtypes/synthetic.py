@@ -84,7 +84,8 @@ class SyntheticProvider(Provider):
 
     def generate(self, request, ctx):
         spec = request.input
-        steps = max(1, spec.get('progressSteps') or 1)
+        # JSON Schema's integers include 2.0, which range() refuses.
+        steps = max(1, int(spec.get('progressSteps') or 1))
         sleep_s = (spec.get('sleepMs') or 0) / 1000.0
         for step in range(1, steps + 1):
             if sleep_s:

@@ -62,6 +62,15 @@ def test_progress_reaches_one_hundred_through_steps(engine_rt):
     assert wait_terminal(engine_rt, job.id).progress == 100
 
 
+def test_a_step_count_written_as_a_whole_float_is_an_integer(engine_rt):
+    """JSON Schema counts 2.0 as an integer, so the input schema admits it: the job runs (the
+    contract run's fuzzing once made such a job fail with an internal provider error)."""
+    engine_rt.start_background()
+    job = create_job(engine_rt, input={'progressSteps': 2.0})
+    done = wait_terminal(engine_rt, job.id)
+    assert (done.lifecycle_status, done.progress) == ('succeeded', 100)
+
+
 def test_a_retryable_error_fails_after_the_retries_are_used(engine_rt):
     engine_rt.start_background()
     job = run_job(engine_rt, failWith='PROVIDER_UNAVAILABLE')
