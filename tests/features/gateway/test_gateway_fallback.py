@@ -526,9 +526,9 @@ def check_probe(worker_a, worker_b, advance, now):
     assert worker_b.acquire(entry, 'probe-1', ttl) == (True, 0.0)  # the probe: worker b's
     go, wait_s = worker_a.acquire(entry, 'other', ttl)
     assert not go and 0.1 <= wait_s <= 1.0  # one probe at a time: the others follow it closely
+    failed = now()  # before the report: the interval starts while it runs, not after it returns
     left = worker_b.report(entry, 'probe-1', FAILED)
     assert 60 - since(started) <= left <= 60  # a failure keeps the cooldown
-    failed = now()
     go, wait_s = worker_a.acquire(entry, 'other', ttl)
     assert not go and 1.0 - since(failed) <= wait_s <= 1.0  # and starts the interval again
     advance(1.05)
