@@ -3,7 +3,7 @@
 return the first job instead of creating another."""
 
 import hashlib
-import zlib
+import threading
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
@@ -57,19 +57,45 @@ CREATE_GROUPS = 4
 
 
 class CreateLanes:
-    """The creates' group commits, one lane per group, a user's creates always in the same lane
-    (by a hash of the user id). Creates of one user all change that user's admission row, so
-    two of their transactions at once would only wait for each other's row lock, one log flush
-    after another; in one lane they share a transaction and its flush instead. Creates of
-    different users spread over the lanes and commit side by side, as before."""
+    """The creates' group commits, one lane per group. While a user has a create in a lane,
+    that user's next creates go to the same lane: creates of one user all change that user's
+    admission row, so two of their transactions at once would only wait for each other's row
+    lock, one log flush after another; in one lane they share a transaction and its flush
+    instead. Any other create takes the lane with the fewest creates in it, so creates of
+    different users commit side by side (a lane chosen by a hash of the user would make two of
+    them queue in one lane while another stood idle)."""
 
     def __init__(self, store, lanes=CREATE_GROUPS, **group_commit):
         self.lanes = [GroupCommit(store, **group_commit) for _ in range(lanes)]
+        self._lock = threading.Lock()
+        self._in_lane = [0] * lanes  # creates in each lane now
+        self._users = {}  # user id -> [its lane, its creates in it now]
 
     def run(self, user_id, works):
         """GroupCommit.run in ``user_id``'s lane."""
-        lane = zlib.crc32(user_id.encode('utf-8')) % len(self.lanes)
-        return self.lanes[lane].run(works)
+        lane = self._enter(user_id)
+        try:
+            return self.lanes[lane].run(works)
+        finally:
+            self._leave(user_id, lane)
+
+    def _enter(self, user_id):
+        with self._lock:
+            held = self._users.get(user_id)
+            if held is None:
+                lane = min(range(len(self.lanes)), key=self._in_lane.__getitem__)
+                held = self._users[user_id] = [lane, 0]
+            held[1] += 1
+            self._in_lane[held[0]] += 1
+            return held[0]
+
+    def _leave(self, user_id, lane):
+        with self._lock:
+            self._in_lane[lane] -= 1
+            held = self._users[user_id]
+            held[1] -= 1
+            if not held[1]:
+                del self._users[user_id]
 
     @property
     def groups(self):  # committed groups and the works they held, for the benchmark
