@@ -183,7 +183,12 @@ class WorkerPool:
         self.acks = Acks(queue, queue_name)
         self.stopping = threading.Event()
         self.fetcher = None
-        self._instant_runners = 0  # runners of instant jobs still running (fetch_once)
+        # The instant runners of the last fetch still running, and when they started
+        # (fetch_once); the fetches are numbered, so a runner of an earlier fetch (an instant
+        # job that turned out slow) keeps no later fetch waiting.
+        self._fetches = 0
+        self._instant_runners = 0
+        self._instant_since = 0.0
         self._instant_done = threading.Condition()
 
     def start(self):
@@ -196,13 +201,13 @@ class WorkerPool:
         """Pop messages for the free slots (waiting up to ``timeout_s`` for one), claim their
         jobs and start their runners. Returns how many messages came.
 
-        While a runner of instant jobs runs, the fetcher first waits for its end (at most
-        ``claim_ahead_ms``): in a burst, popping while that runner holds the core would take the
-        messages in ones and twos as they arrive, each pop paying its own lock statement and
-        its runner its own commit (twice the statements per job, measured). Waiting, the
-        fetcher takes what came meanwhile in one batch, as a pool of busy threads did. Runners
-        of jobs that wait on the network are never waited for: their slots stay as many as
-        ``concurrency``."""
+        While the runners of instant jobs the last fetch started run, the fetcher first waits
+        for their end (until ``claim_ahead_ms`` after their start): in a burst, popping while
+        that runner holds the core would take the messages in ones and twos as they arrive,
+        each pop paying its own lock statement and its runner its own commit (twice the
+        statements per job, measured). Waiting, the fetcher takes what came meanwhile in one
+        batch, as a pool of busy threads did. Runners of jobs that wait on the network are
+        never waited for: their slots stay as many as ``concurrency``."""
         self.instant_runners_done(self.claim.ahead_s)
         free = self.slots.wait_free(timeout_s)
         if not free or self.stopping.is_set():
@@ -231,30 +236,37 @@ class WorkerPool:
         if unclaimed:  # locked elsewhere, gone or finished: done with their messages
             done = [by_job[job_id] for job_id in unclaimed]
             self._finish(done, [])
-        size, instant = self.claim.next(), self.claim.instant()
-        for start in range(0, len(claimed), size):
-            chunk = claimed[start : start + size]
+        size = self.claim.next()
+        chunks = [claimed[start : start + size] for start in range(0, len(claimed), size)]
+        with self._instant_done:
+            self._fetches += 1
+            fetch = self._fetches if self.claim.instant() else None
+            self._instant_runners = len(chunks) if fetch else 0
+            self._instant_since = time.monotonic()
+        for chunk in chunks:
             mine = [by_job[attempt.job.id] for attempt, _ in chunk]
-            if instant:
-                with self._instant_done:
-                    self._instant_runners += 1
             # A bare thread (a greenlet in the worker): thousands start in a burst, and a
             # threading.Thread's own locks and bookkeeping would cost more than the job's.
-            _thread.start_new_thread(self._run, (chunk, mine, instant))
+            _thread.start_new_thread(self._run, (chunk, mine, fetch))
 
     def instant_runners_done(self, timeout_s):
-        """Wait up to ``timeout_s`` for the runners of instant jobs to end; True if they have."""
+        """Wait for the instant runners of the last fetch to end, until ``timeout_s`` after
+        they started; True if they have."""
         with self._instant_done:
-            return self._instant_done.wait_for(lambda: not self._instant_runners, timeout_s)
+            left = self._instant_since + timeout_s - time.monotonic()
+            return self._instant_done.wait_for(lambda: not self._instant_runners, max(0.0, left))
 
-    def _run(self, chunk, deliveries, instant=False):
+    def _run(self, chunk, deliveries, fetch=None):
+        """``fetch``: the number of the fetch that started this runner, if its jobs are
+        instant."""
         try:
             self._run_jobs(chunk, deliveries)
         finally:
-            if instant:
+            if fetch is not None:
                 with self._instant_done:
-                    self._instant_runners -= 1
-                    self._instant_done.notify_all()
+                    if fetch == self._fetches:
+                        self._instant_runners -= 1
+                        self._instant_done.notify_all()
 
     def _run_jobs(self, chunk, deliveries):
         """A runner: its jobs in turn, then their messages acknowledged (or handed back when
