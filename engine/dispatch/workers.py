@@ -81,8 +81,8 @@ class ClaimSize:
         return max(1, min(self.most, int(self.ahead_s / max(self.per_job_s, 1e-4))))
 
     def instant(self):
-        """Whether the jobs run in well under a millisecond each: work for the core, not
-        waits on the network (whose runners the fetcher never waits for)."""
+        """Whether the jobs run in under a millisecond each (INSTANT_JOB_S): work for the
+        core, not waits on the network (whose runners the fetcher never waits for)."""
         return bool(self.ahead_s) and self.per_job_s is not None and self.per_job_s < INSTANT_JOB_S
 
     def observe(self, seconds):
