@@ -3,7 +3,6 @@
 return the first job instead of creating another."""
 
 import hashlib
-import threading
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
@@ -54,56 +53,6 @@ MAX_DEDUPE_KEY_CHARS = 255
 # grouping saved (bench burst, 4 client threads, alternating: 603-627 jobs/s with 1, 746-778
 # with 4).
 CREATE_GROUPS = 4
-
-
-class CreateLanes:
-    """The creates' group commits, one lane per group. While a user has a create in a lane,
-    that user's next creates go to the same lane: creates of one user all change that user's
-    admission row, so two of their transactions at once would only wait for each other's row
-    lock, one log flush after another; in one lane they share a transaction and its flush
-    instead. Any other create takes the lane with the fewest creates in it, so creates of
-    different users commit side by side (a lane chosen by a hash of the user would make two of
-    them queue in one lane while another stood idle)."""
-
-    def __init__(self, store, lanes=CREATE_GROUPS, **group_commit):
-        self.lanes = [GroupCommit(store, **group_commit) for _ in range(lanes)]
-        self._lock = threading.Lock()
-        self._in_lane = [0] * lanes  # creates in each lane now
-        self._users = {}  # user id -> [its lane, its creates in it now]
-
-    def run(self, user_id, works):
-        """GroupCommit.run in ``user_id``'s lane."""
-        lane = self._enter(user_id)
-        try:
-            return self.lanes[lane].run(works)
-        finally:
-            self._leave(user_id, lane)
-
-    def _enter(self, user_id):
-        with self._lock:
-            held = self._users.get(user_id)
-            if held is None:
-                lane = min(range(len(self.lanes)), key=self._in_lane.__getitem__)
-                held = self._users[user_id] = [lane, 0]
-            held[1] += 1
-            self._in_lane[held[0]] += 1
-            return held[0]
-
-    def _leave(self, user_id, lane):
-        with self._lock:
-            self._in_lane[lane] -= 1
-            held = self._users[user_id]
-            held[1] -= 1
-            if not held[1]:
-                del self._users[user_id]
-
-    @property
-    def groups(self):  # committed groups and the works they held, for the benchmark
-        return sum(lane.groups for lane in self.lanes)
-
-    @property
-    def works(self):
-        return sum(lane.works for lane in self.lanes)
 
 
 @dataclass
@@ -173,9 +122,10 @@ class AiJobService:
         # their events, claimed in it, pushed together.
         # Where a refused admission is its statement's error, the group's writes carry its
         # COMMIT: BEGIN, the rows and COMMIT in one round trip (architecture decision 10).
-        self.creates = CreateLanes(
+        self.creates = GroupCommit(
             store,
             after_commit=self._push_created,
+            groups=CREATE_GROUPS,
             commit_with_rows=lambda: refuses_by_error(store),
         )
         self.snapshot_ttl_ms = snapshot_ttl_ms
@@ -238,7 +188,7 @@ class AiJobService:
             return written[-1]
 
         try:
-            [failure] = self.creates.run(request.user_id, [write])
+            [failure] = self.creates.run([write])
             if failure is not None:
                 raise failure
             job = written[-1][0]
@@ -264,10 +214,6 @@ class AiJobService:
 
     def _insert(self, tx, definition, request, overrides, fingerprint):
         job_id = new_id()
-        if self.admission is None:
-            count_create(self.store, request.user_id, job_id)
-        else:
-            self.admission.admit(request.user_id, job_id)  # raises the limit it would pass
         job = self.lifecycle.create_job(
             tx,
             job_id=job_id,
@@ -314,6 +260,14 @@ class AiJobService:
         )
         for extra in self._given(request):
             extra.write(request.user_id, job_id, request.extra[extra.name])
+        # The count goes last: its upsert locks the user's admission row until the COMMIT, so
+        # written after the other rows (sql.rows_together keeps the order) it holds that lock
+        # only through the commit, and creates of one user in concurrent groups wait that long
+        # for each other, not through each other's inserts.
+        if self.admission is None:
+            count_create(self.store, request.user_id, job_id)
+        else:
+            self.admission.admit(request.user_id, job_id)  # raises the limit it would pass
         return job, event
 
     def _find_by_key(self, request):

@@ -2,9 +2,11 @@
 writes."""
 
 import threading
+import time
 
 import pytest
 
+from engine.core import sql
 from engine.core.errors import (
     IdempotencyKeyReusedError,
     InvalidInputError,
@@ -12,8 +14,8 @@ from engine.core.errors import (
     UnknownJobTypeError,
 )
 from engine.core.fairness import user_key
-from engine.core.models import AiJob, AiJobSnapshot, OutboxEvent
-from engine.core.service import CreateLanes
+from engine.core.groupcommit import GroupCommit
+from engine.core.models import AiJob, AiJobSnapshot, AiUserAdmission, OutboxEvent
 from engine.core.store import EXACT_COLUMNS
 from tests.support.helpers import new_request, run_threads
 
@@ -174,70 +176,79 @@ def test_racing_creates_of_one_user_stop_exactly_at_the_limit(make_runtime):
         assert counts() == (10, 10, 10)
 
 
-def test_racing_creates_of_one_user_and_of_many_commit_once_each_through_the_lanes(runtime):
-    """Creates from many threads, of one user and of many, each commit once through a lane
-    (CreateLanes), and the lanes let go of every user once nothing is in flight: a user left
-    behind would keep its lane for ever, and a lane's count left up would keep creates away
-    from it. Which lane a create takes is the next test's."""
-    creates = runtime.service.creates
-    lanes = creates.lanes
-    assert len(lanes) > 1
-
-    def one_user(i):
-        return runtime.service.create_job(new_request(input={'i': i}))
-
-    run_threads(16, one_user, runtime.store)
+def test_racing_creates_of_one_user_and_of_many_each_commit_once_in_a_group(runtime):
+    """Creates from many threads, of one user and of many, each commit once through the
+    creates' group commit, and the admission counters count each once."""
+    run_threads(
+        16, lambda i: runtime.service.create_job(new_request(input={'i': i})), runtime.store
+    )
     run_threads(
         32,
         lambda i: runtime.service.create_job(new_request(user_id='user-%d' % i)),
         runtime.store,
     )
-    assert sum(lane.works for lane in lanes) == 48
+    assert runtime.service.creates.works == 48
     assert counts() == (48, 48, 48)
-    assert creates._users == {} and creates._in_lane == [0] * len(lanes)
+    assert active_counts() == {'user-a': 16, **{'user-%d' % i: 1 for i in range(32)}}
 
 
-def test_a_users_next_create_joins_its_lane_in_flight_and_another_users_takes_a_free_lane(
-    runtime,
+def active_counts():
+    """Each user's unfinished jobs, as the admission counters say."""
+    return {row.user_id: row.active for row in AiUserAdmission.select()}
+
+
+def test_a_groups_admission_counts_go_last_so_a_users_row_is_locked_only_through_the_commit(
+    runtime, monkeypatch
 ):
-    """While user a's create holds lane 0, a's next create waits in lane 0 (one transaction at a
-    time on a's admission row), and b's create goes to a free lane and, on MySQL, commits
-    without waiting."""
-    creates = CreateLanes(runtime.store)
+    """Two creates of one user committed as one group: every statement that counts them on
+    the user's admission row comes after all the group's other rows. That upsert locks the row
+    until the COMMIT, so sent last it holds it only through the commit, and creates of one
+    user in concurrent groups do not wait through each other's inserts."""
+    creates = runtime.service.creates = GroupCommit(
+        runtime.store, after_commit=runtime.service._push_created, groups=1
+    )
+    sent = []
+    real_send = sql.send
+
+    def recording_send(planned, commit=False):
+        sent.append([made.text(runtime.store.dialect) for made, _, _ in planned])
+        return real_send(planned, commit=commit)
+
+    monkeypatch.setattr(sql, 'send', recording_send)
     gate, holding = threading.Event(), threading.Event()
 
     def held(tx):
         holding.set()
         gate.wait(10)
 
-    def create(user_id, work):
+    def run_held():
         with runtime.store.connection():
-            creates.run(user_id, [work])
+            creates.run([held])
 
-    first = threading.Thread(target=create, args=('user-a', held))
+    def create(i):
+        with runtime.store.connection():
+            runtime.service.create_job(new_request(input={'i': i}))
+
+    first = threading.Thread(target=run_held)
     first.start()
-    assert holding.wait(10)
-    other = threading.Thread(target=create, args=('user-b', lambda tx: None))
-    other.start()
-    if runtime.store.dialect == 'mysql':  # SQLite has one writer at a time, whatever the lane
-        other.join(10)
-        assert not other.is_alive()  # b did not wait for a's lane
-    second = threading.Thread(target=create, args=('user-a', lambda tx: None))
-    second.start()
-    second.join(0.2)
-    assert second.is_alive()  # a's second create waits for its first
+    assert holding.wait(10)  # the one group is taken: the next two creates wait as one group
+    both = [threading.Thread(target=create, args=(i,)) for i in range(2)]
+    for thread in both:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while len(creates._waiting) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
     gate.set()
-    for thread in (first, other, second):
+    for thread in [first, *both]:
         thread.join(10)
-    assert [lane.works for lane in creates.lanes] == [2, 1] + [0] * (len(creates.lanes) - 2)
-    holding.clear()
-    gate.clear()
-    again = threading.Thread(target=create, args=('user-b', held))
-    again.start()  # b has nothing in flight: the least busy lane, the first
-    assert holding.wait(10)
-    gate.set()
-    again.join(10)
-    assert creates.lanes[0].works == 3
+    assert (creates.groups, creates.works) == (2, 3)
+    [group] = [texts for texts in sent if any('INSERT INTO ai_job ' in t for t in texts)]
+    counting = [i for i, text in enumerate(group) if 'ai_user_admission' in text]
+    upserts = [i for i in counting if group[i].startswith('INSERT')]
+    assert len(upserts) == 2
+    assert counting == list(range(len(group) - len(counting), len(group)))  # the last ones
+    assert len(counting) < len(group)
+    assert active_counts() == {'user-a': 2}
 
 
 def test_a_failure_between_job_and_outbox_leaves_neither(runtime, monkeypatch):
