@@ -97,7 +97,7 @@ def count_create(store, user_id, job_id, max_active=0, daily_quota=0):
     planned = _plan_count(store, user_id, job_id, max_active, daily_quota)
     try:
         # Each create's count is a statement of its own (a refusal must not change the others).
-        write_row(('admit', job_id), None, lambda rows: planned)
+        write_row(('admit', job_id), None, lambda rows: planned, last=True)  # locks the user's row
     except Exception as exc:  # sent at once: the constraint's refusal is this create's
         if store.is_check_failure(exc, LIMITS_CHECK):
             raise NotAdmitted(user_id) from None

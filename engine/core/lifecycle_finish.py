@@ -57,7 +57,12 @@ class FinishWrites:
 
         def write(tx):
             try:
-                write_row(shape, finish, lambda finishes: self._plan_finishes(shape, finishes))
+                # With other rows (a group commit), the UPDATE goes after them: it locks the job
+                # and its user's admission row (which that user's creates wait for) until the
+                # COMMIT. Alone it goes first, so a refusal writes nothing.
+                write_row(
+                    shape, finish, lambda finishes: self._plan_finishes(shape, finishes), last=True
+                )
             except _Refused:  # written at once (alone): the refusal is this job's
                 raise self._refusal(job_id, to_status, fence=fence) from None
             self.outbox.create_terminal_event(tx, job_id, to_status)

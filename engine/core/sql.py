@@ -94,17 +94,21 @@ _IGNORE_DUPLICATE = {
 _together = threading.local()
 
 
-def write_row(shape, row, plan):
+def write_row(shape, row, plan, last=False):
     """``plan(rows)`` plans the write of rows of one statement ``shape`` (any hashable key) as a
     list of ``(Statement, params, receive)``, ``receive(cursor)`` (or None) taking that
     statement's result (it may raise; it must not send SQL). Here ``plan([row])`` is sent now,
     or, inside a ``rows_together()`` block, with every row of the same shape at the block's
-    end (in the order they came)."""
+    end (in the order they came).
+
+    ``last``: at the block's end, after the shapes that are not: for writes that lock rows
+    other transactions wait for (a user's admission counters), which a transaction holds
+    until it ends, so that they are held only through its last statements and COMMIT."""
     pending = getattr(_together, 'rows', None)
     if pending is None:
         send(plan([row]))
     else:
-        pending.setdefault(shape, (plan, []))[1].append(row)
+        pending.setdefault(shape, (plan, [], last))[1].append(row)
 
 
 def insert_row(head, row, params, ignore_duplicate=False, returning=None, read_back=False):
@@ -127,9 +131,9 @@ def insert_row(head, row, params, ignore_duplicate=False, returning=None, read_b
 def rows_together(ends_transaction=False):
     """Inside a transaction: every ``write_row`` of this thread in the block waits for its
     end, where rows of the same shape go out as one statement (shapes in the order they first
-    came), and those statements in one round trip. A block left by an exception writes
-    nothing of them. A block inside another joins it (and its ``ends_transaction`` is the
-    outer block's to say).
+    came, those written ``last`` after the others), and those statements in one round trip. A
+    block left by an exception writes nothing of them. A block inside another joins it (and
+    its ``ends_transaction`` is the outer block's to say).
 
     ``ends_transaction``: nothing follows the block's writes in its transaction, which the
     caller began and will commit: on MariaDB/MySQL the COMMIT goes in their round trip
@@ -143,7 +147,8 @@ def rows_together(ends_transaction=False):
         yield
         pending = _together.rows
         _together.rows = None
-        planned = [planned for plan, rows in pending.values() for planned in plan(rows)]
+        in_order = sorted(pending.values(), key=lambda shape: shape[2])  # stable: last ones last
+        planned = [planned for plan, rows, _ in in_order for planned in plan(rows)]
         send(planned, commit=ends_transaction and bool(planned))
     finally:
         _together.rows = None

@@ -6,10 +6,19 @@ import threading
 import time
 
 import pytest
+from peewee import fn
 
+from engine.core import sql
 from engine.core.groupcommit import GroupCommit
 from engine.core.history import NewEvent, insert_events
-from engine.core.models import AiArtifact, AiJob, AiJobArtifact, AiJobEvent, OutboxEvent
+from engine.core.models import (
+    AiArtifact,
+    AiJob,
+    AiJobArtifact,
+    AiJobEvent,
+    AiUserAdmission,
+    OutboxEvent,
+)
 from engine.core.service import PushNow
 from engine.execution.engine import ExecutionEngine
 from tests.kernel.execution.test_execution import FlakyProjector, usage_rows
@@ -138,6 +147,32 @@ def test_a_batch_costs_the_same_statements_whatever_its_size(engine_rt):
         return engine_rt.store.statement_count() - before
 
     assert statements_for(8) == statements_for(2)
+
+
+def test_a_batchs_terminal_updates_and_admission_releases_go_after_its_other_rows(
+    engine_rt, monkeypatch
+):
+    """A batch's final transaction sends its other rows (artifacts, usage, outbox events,
+    history) first and its fenced terminal UPDATEs, with the admission releases, last: those
+    lock the jobs and their users' admission rows, which the users' creates wait for, until
+    the COMMIT."""
+    ids = [create_job(engine_rt, user_id='user-%d' % (i % 2)).id for i in range(4)]
+    sent = []
+    real_send = sql.send
+
+    def recording_send(planned, commit=False):
+        sent.append([made.text(engine_rt.store.dialect) for made, _, _ in planned])
+        return real_send(planned, commit=commit)
+
+    monkeypatch.setattr(sql, 'send', recording_send)
+    statuses = ExecutionEngine(engine_rt, 'worker-order').execute_batch(ids)
+    assert set(statuses.values()) == {'succeeded'}
+    [final] = [texts for texts in sent if any(t.startswith('UPDATE ai_job') for t in texts)]
+    first = next(i for i, text in enumerate(final) if text.startswith('UPDATE ai_job'))
+    assert any(text.startswith('INSERT INTO ai_job_event') for text in final[:first])
+    assert not any(text.startswith('INSERT') for text in final[first:])  # nothing but the finish
+    assert any(text.startswith('UPDATE ai_user_admission') for text in final[first:])
+    assert AiUserAdmission.select(fn.SUM(AiUserAdmission.active)).scalar() == 0
 
 
 @pytest.mark.parametrize('new_holder_status', ['running', 'succeeded', 'failed'])

@@ -116,6 +116,22 @@ def test_rows_written_together_are_one_round_trip_whatever_their_tables(runtime)
     assert waited == (3 if store.dialect == 'mysql' else 4)
 
 
+def test_rows_written_last_go_out_after_the_others_each_in_the_order_they_came(runtime):
+    """sql.write_row's ``last``: at the block's end those shapes follow every other, and each
+    group of shapes keeps the order in which its shapes first came (a user's admission row,
+    locked until the COMMIT, is then held only through the block's last statements)."""
+    store, order = runtime.store, []
+
+    def shaped(name):
+        return lambda rows: [(Statement('SELECT 1'), (), lambda cursor: order.append(name))]
+
+    with store.atomic(), rows_together():
+        for name, last in (('a', True), ('b', False), ('c', True), ('b', False), ('d', False)):
+            write_row(name, None, shaped(name), last=last)
+        assert order == []  # nothing goes before the block's end
+    assert order == ['b', 'd', 'a', 'c']
+
+
 def test_a_transaction_that_sends_nothing_costs_no_round_trip_on_mysql(runtime):
     store = runtime.store
     before = counts(store)
