@@ -3,6 +3,7 @@
 import threading
 import time
 
+from engine.core import sql
 from engine.core.service import CreateJobInput
 
 
@@ -56,3 +57,18 @@ def wait_until(predicate, timeout=10.0, interval=0.02):
             return value
         time.sleep(interval)
     raise AssertionError('condition not reached within %.1fs' % timeout)
+
+
+def record_sent_statements(monkeypatch, store):
+    """From now on in this test, the text of every batch of statements that sql.send sends
+    (the rows of a ``rows_together`` block's end, in their order), each batch a list; the
+    statements still go to the database."""
+    sent = []
+    real_send = sql.send
+
+    def recording_send(planned, commit=False):
+        sent.append([made.text(store.dialect) for made, _, _ in planned])
+        return real_send(planned, commit=commit)
+
+    monkeypatch.setattr(sql, 'send', recording_send)
+    return sent

@@ -8,7 +8,6 @@ import time
 import pytest
 from peewee import fn
 
-from engine.core import sql
 from engine.core.groupcommit import GroupCommit
 from engine.core.history import NewEvent, insert_events
 from engine.core.models import (
@@ -22,7 +21,7 @@ from engine.core.models import (
 from engine.core.service import PushNow
 from engine.execution.engine import ExecutionEngine
 from tests.kernel.execution.test_execution import FlakyProjector, usage_rows
-from tests.support.helpers import create_job
+from tests.support.helpers import create_job, record_sent_statements
 from tests.support.runtimes import fast_registry
 
 # Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
@@ -157,14 +156,7 @@ def test_a_batchs_terminal_updates_and_admission_releases_go_after_its_other_row
     lock the jobs and their users' admission rows, which the users' creates wait for, until
     the COMMIT."""
     ids = [create_job(engine_rt, user_id='user-%d' % (i % 2)).id for i in range(4)]
-    sent = []
-    real_send = sql.send
-
-    def recording_send(planned, commit=False):
-        sent.append([made.text(engine_rt.store.dialect) for made, _, _ in planned])
-        return real_send(planned, commit=commit)
-
-    monkeypatch.setattr(sql, 'send', recording_send)
+    sent = record_sent_statements(monkeypatch, engine_rt.store)
     statuses = ExecutionEngine(engine_rt, 'worker-order').execute_batch(ids)
     assert set(statuses.values()) == {'succeeded'}
     [final] = [texts for texts in sent if any(t.startswith('UPDATE ai_job') for t in texts)]

@@ -6,7 +6,6 @@ import time
 
 import pytest
 
-from engine.core import sql
 from engine.core.errors import (
     IdempotencyKeyReusedError,
     InvalidInputError,
@@ -17,7 +16,7 @@ from engine.core.fairness import user_key
 from engine.core.groupcommit import GroupCommit
 from engine.core.models import AiJob, AiJobSnapshot, AiUserAdmission, OutboxEvent
 from engine.core.store import EXACT_COLUMNS
-from tests.support.helpers import new_request, run_threads
+from tests.support.helpers import new_request, record_sent_statements, run_threads
 
 # Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
 pytestmark = pytest.mark.all_dialects
@@ -207,14 +206,7 @@ def test_a_groups_admission_counts_go_last_so_a_users_row_is_locked_only_through
     creates = runtime.service.creates = GroupCommit(
         runtime.store, after_commit=runtime.service._push_created, groups=1
     )
-    sent = []
-    real_send = sql.send
-
-    def recording_send(planned, commit=False):
-        sent.append([made.text(runtime.store.dialect) for made, _, _ in planned])
-        return real_send(planned, commit=commit)
-
-    monkeypatch.setattr(sql, 'send', recording_send)
+    sent = record_sent_statements(monkeypatch, runtime.store)
     gate, holding = threading.Event(), threading.Event()
 
     def held(tx):
