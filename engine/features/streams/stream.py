@@ -47,6 +47,9 @@ DONE, MORE, WAIT = 'done', 'more', 'wait'  # what a stream does after sending wh
 
 # ``<history id>`` or ``<history id>-<attempt>-<offset>``, as the document's pattern says.
 EVENT_ID = re.compile(r'([0-9]{1,19})(?:-([1-9][0-9]{0,8})-([0-9]{1,12}))?')
+# The largest history id there can be (BIGINT's, SQLite's INTEGER's): 19 digits may say more,
+# which no row has and no query may be given (the database would refuse the number).
+MAX_HISTORY_ID = 2**63 - 1
 
 
 class Position(NamedTuple):
@@ -69,7 +72,7 @@ def parse_last_event_id(raw):
     if raw is None:
         return None
     match = EVENT_ID.fullmatch(raw) if raw.isascii() else None
-    if match is None:
+    if match is None or int(match.group(1)) > MAX_HISTORY_ID:
         raise InvalidRequestError(
             'Last-Event-ID must be the id of an event of this stream', field='Last-Event-ID'
         )
