@@ -214,6 +214,12 @@ class AiJobService:
 
     def _insert(self, tx, definition, request, overrides, fingerprint):
         job_id = new_id()
+        # In a group's round trip the count goes out after every other row (count_create writes
+        # it ``last``): its upsert locks the user's admission row until the COMMIT.
+        if self.admission is None:
+            count_create(self.store, request.user_id, job_id)
+        else:
+            self.admission.admit(request.user_id, job_id)  # raises the limit it would pass
         job = self.lifecycle.create_job(
             tx,
             job_id=job_id,
@@ -260,14 +266,6 @@ class AiJobService:
         )
         for extra in self._given(request):
             extra.write(request.user_id, job_id, request.extra[extra.name])
-        # The count goes last: its upsert locks the user's admission row until the COMMIT, so
-        # written after the other rows (sql.rows_together keeps the order) it holds that lock
-        # only through the commit, and creates of one user in concurrent groups wait that long
-        # for each other, not through each other's inserts.
-        if self.admission is None:
-            count_create(self.store, request.user_id, job_id)
-        else:
-            self.admission.admit(request.user_id, job_id)  # raises the limit it would pass
         return job, event
 
     def _find_by_key(self, request):

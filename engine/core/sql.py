@@ -147,7 +147,7 @@ def rows_together(ends_transaction=False):
         yield
         pending = _together.rows
         _together.rows = None
-        in_order = sorted(pending.values(), key=lambda shape: shape[2])  # stable: last ones last
+        in_order = sorted(pending.values(), key=lambda entry: entry[2])  # stable: `last` ones last
         planned = [planned for plan, rows, _ in in_order for planned in plan(rows)]
         send(planned, commit=ends_transaction and bool(planned))
     finally:

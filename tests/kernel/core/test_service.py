@@ -2,7 +2,6 @@
 writes."""
 
 import threading
-import time
 
 import pytest
 
@@ -16,7 +15,7 @@ from engine.core.fairness import user_key
 from engine.core.groupcommit import GroupCommit
 from engine.core.models import AiJob, AiJobSnapshot, AiUserAdmission, OutboxEvent
 from engine.core.store import EXACT_COLUMNS
-from tests.support.helpers import new_request, record_sent_statements, run_threads
+from tests.support.helpers import new_request, record_sent_statements, run_threads, wait_until
 
 # Every SQL branch: SQLite, MariaDB's and MySQL's (tests/support/backends.py, ALL_DIALECTS).
 pytestmark = pytest.mark.all_dialects
@@ -227,9 +226,7 @@ def test_a_groups_admission_counts_go_last_so_a_users_row_is_locked_only_through
     both = [threading.Thread(target=create, args=(i,)) for i in range(2)]
     for thread in both:
         thread.start()
-    deadline = time.monotonic() + 10
-    while len(creates._waiting) < 2 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_until(lambda: len(creates._waiting) == 2)
     gate.set()
     for thread in [first, *both]:
         thread.join(10)
