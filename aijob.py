@@ -28,6 +28,9 @@ def patch_for_gevent(argv):
         from gevent import monkey
 
         monkey.patch_all(aggressive=False)
+        from engine.core import resolver  # gevent's resolver, less a thread per lookup
+
+        resolver.install()
 
 
 def cmd_initdb(config, args):

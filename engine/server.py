@@ -31,7 +31,7 @@ from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers import ggevent
 
-from .core import master_key
+from .core import master_key, resolver
 from .core.config import Config
 from .core.errors import (
     ExpectationFailedError,
@@ -131,6 +131,7 @@ class GeventWorker(ggevent.GeventWorker):
     def patch(self):
         if not monkey.is_module_patched('socket'):
             monkey.patch_all(aggressive=False)
+            resolver.install()
         self.sockets = [
             gevent_socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach())
             for s in self.sockets

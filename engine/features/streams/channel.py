@@ -23,6 +23,24 @@ TEXT, RESET = 'text', 'reset'
 COUNTER_TTL_MS = 24 * 3600 * 1000
 READ_COUNT = 200  # entries per job per read of the waiting loop (only the last id is kept)
 
+# Appends a text entry to each job's stream and renews its expiry, for all the messages of one
+# pump round in one call. *Why a script:* redis-py's pipeline cost ~25-45 µs of the worker's
+# CPU per command (an XADD and a PEXPIRE per message), so a round of 2 000 messages held the
+# worker's one core for 50-90 ms without a switch, and every stream's reading waited behind it
+# (issue 34); packing one command of 3 arguments per message costs ~6 µs. The keys share the
+# ``{text}`` hash tag, so the script runs on a Redis Cluster too.
+# KEYS: the streams; ARGV: the cap, the TTL in ms, then attempt, offset, text per key.
+_APPEND = """
+local cap, ttl = ARGV[1], ARGV[2]
+for i = 1, #KEYS do
+  local at = 3 * i
+  redis.call('XADD', KEYS[i], 'MAXLEN', '~', cap, '*',
+             'k', 't', 'a', ARGV[at], 'o', ARGV[at + 1], 't', ARGV[at + 2])
+  redis.call('PEXPIRE', KEYS[i], ttl)
+end
+return #KEYS
+"""
+
 
 @dataclass(frozen=True)
 class TextEntry:
@@ -144,6 +162,7 @@ class RedisTextChannel:
         self.max_entries = max_entries
         self._client = None
         self._client_lock = threading.Lock()
+        self._append = None  # the _APPEND script, registered with the client
 
     @property
     def redis(self):
@@ -177,10 +196,15 @@ class RedisTextChannel:
 
     @translate_errors
     def append_many(self, messages):
-        pipe = self.redis.pipeline(transaction=False)
+        if not messages:
+            return
+        if self._append is None:
+            self._append = self.redis.register_script(_APPEND)
+        keys, args = [], [self.max_entries, self.ttl_ms]
         for job_id, attempt, offset, text in messages:
-            self._add(pipe, job_id, {'k': 't', 'a': attempt, 'o': offset, 't': text})
-        pipe.execute()
+            keys.append(self.key(job_id))
+            args += (attempt, offset, text)
+        self._append(keys=keys, args=args)
 
     def _add(self, pipe, job_id, fields):
         key = self.key(job_id)

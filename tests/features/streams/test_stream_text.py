@@ -15,13 +15,22 @@ import pytest
 
 from engine.core.registry import JobDefinitionRegistry
 from engine.features.streams import stream
-from engine.features.streams.channel import RESET, MemoryTextChannel, RedisTextChannel, TextEntry
+from engine.features.streams.channel import (
+    RESET,
+    MemoryTextChannel,
+    RedisTextChannel,
+    TextEntry,
+)
+from engine.features.streams.channel import (
+    TEXT as TEXT_ENTRY,
+)
 from engine.features.streams.pump import INTERVAL_S, DeltaPump
 from engine.features.streams.text_feed import TextFollower
 from engine.jobtypes.flashcards import flashcard_definition
 from tests.support.api import JOBS, Harness
 from tests.support.fake_openai import Reply, json_reply
 from tests.support.runtimes import FAST_SETTINGS
+from tests.support.servers import PrivateRedisCluster, require_binaries
 
 CARDS = {
     'cards': [
@@ -371,6 +380,31 @@ def test_a_channel_keeps_a_jobs_entries_in_order_capped_and_expiring(channel):
     ]
     if isinstance(channel, RedisTextChannel):
         assert 0 < channel.redis.pttl(channel.key('job-a')) <= 60_000
+        assert 0 < channel.redis.pttl(channel.key('job-b')) <= 60_000
+    assert [(e.kind, e.attempt, e.offset, e.text) for e in channel.read('job-b')] == [
+        (TEXT_ENTRY, 1, 0, 'b')
+    ]
+
+
+@pytest.mark.slow
+def test_the_channel_writes_a_rounds_messages_in_one_call_on_a_cluster(tmp_path):
+    """The messages of one pump round go in one script call, whose keys share the ``{text}``
+    hash tag: a Redis Cluster runs it on the one node that holds them."""
+    require_binaries('redis-server')
+    cluster = PrivateRedisCluster(tmp_path / 'cluster', masters=3)
+    try:
+        cluster.start()
+        channel = RedisTextChannel(cluster.url, 'text', ttl_ms=60_000, max_entries=50)
+        jobs = ['job-%d' % n for n in range(20)]
+        assert channel.begin_many(jobs) == [1] * 20
+        channel.append_many([(job, 1, 0, 'hello ') for job in jobs])
+        channel.append_many([(job, 1, 6, job) for job in jobs])
+        for job in jobs:
+            assert ''.join(e.text for e in channel.read(job)) == 'hello ' + job
+            assert 0 < channel.redis.pttl(channel.key(job)) <= 60_000
+        channel.close()
+    finally:
+        cluster.stop()
 
 
 def test_the_attempt_counter_outlives_the_text():
