@@ -1,7 +1,8 @@
 """The OpenAI-compatible provider: one chat-completions client for DeepSeek, OpenAI, vLLM, Ollama
 and llama.cpp servers. It streams, so that a cancelled job or a passed deadline stops the upstream
 request between chunks, and it only classifies failures (contracts §5.2): the engine owns retries.
-Every ``openai`` exception is translated here; none leaves this module."""
+The chat call speaks the protocol over httpx (``_open``); the ``openai`` package lists models.
+Every exception of either is translated here; none leaves this module."""
 
 import email.utils
 import json
@@ -11,8 +12,6 @@ import time
 
 import httpx2  # the openai package's HTTP client
 import openai
-from openai._base_client import make_request_options  # private: see _open
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from ...core.errors import (
     ContentSafetyError,
@@ -36,9 +35,7 @@ TEMPLATE_TOKENS_PER_MESSAGE = 8
 TEMPLATE_TOKENS_PER_REQUEST = 128
 
 
-# The stream class ``chat.completions.create`` passes for a streamed call (made once here:
-# subscripting it builds a new alias each time).
-_CHUNK_STREAM = openai.Stream[ChatCompletionChunk]
+USER_AGENT = 'aijob'  # the chat call's User-Agent (``_open``)
 
 # The calls one HTTP connection pool holds at most (``_HttpPools``), and the idle connections it
 # keeps for its next calls.
@@ -108,19 +105,12 @@ class OpenAICompatibleProvider(Provider):
         # client of the provider's pools (``_HttpPools``), the first of which is the client's.
         # max_retries=0: a retry here would hide failures from the engine's retry policy.
         self._pools = _HttpPools()
+        self._chat_url = base_url.rstrip('/') + '/chat/completions'
+        # The package's client serves only ``list_models`` (the chat call goes through httpx:
+        # ``_open``).
         self._client = openai.OpenAI(
             api_key='unset', base_url=base_url, max_retries=0, http_client=self._pools.first
         )
-        # The package imports a chat call's modules (resources, stream types) at the client's
-        # first use of ``chat.completions``. Done here, once, in the thread that builds the
-        # gateway: two job threads making their first calls at once could each meet a module
-        # the other was still importing, and pydantic then leaves a model unbuilt
-        # (PydanticUserError in the stream; CI saw two calls fail INTERNAL_PROVIDER_ERROR so).
-        self._client.chat.completions  # noqa: B018 - the access imports them
-        # The package computes its platform headers on a client's first request and caches
-        # them for the process (``platform_headers``); computing them forks ``uname -p``, so
-        # the first calls of a worker started with work queued each forked one at once.
-        self._client.platform_headers()
 
     def generate(self, request, ctx):
         if not request.credential.api_key and self.needs_api_key:
@@ -131,43 +121,52 @@ class OpenAICompatibleProvider(Provider):
         try:
             pool = self._pools.lease()
             try:
-                stream = self._open(request, messages, ctx, pool[0])
-                return call.collect(stream, request.model or self.model)
+                response = self._open(request, messages, ctx, pool[0])
+                return call.collect(response, request.model or self.model)
             finally:
                 self._pools.release(pool)
-        except openai.OpenAIError as exc:
+        except (httpx2.HTTPError, _Answered, _ErrorEvent) as exc:
             raise call.translate(exc) from None
         except ValueError:
             # A stream event whose data is not JSON: the server broke the protocol.
             raise call.translate_malformed() from None
 
     def _open(self, request, messages, ctx, http_client):
+        """The streamed response of one chat completion, its status checked: an answer other
+        than 2xx raises its JobFailure (``status_failure``). *Why httpx and not the package's
+        ``chat.completions.create``:* the package builds, copies and validates a request's
+        options and wraps the response in layers of its own, about 1 ms of CPU per call and a
+        third of the reading of each chunk, which bound how many streamed calls a worker holds
+        (issue 34); the request and the events are the protocol's, as its public reference
+        documents them, and httpx still makes the connection (TLS, proxies, the pool)."""
         # The job's deadline bounds the whole call; a silent connection fails sooner, as a
         # retryable PROVIDER_TIMEOUT, while the job still has time for another attempt.
         remaining = max(0.001, ctx.remaining_s())
-        timeout = openai.Timeout(remaining, read=min(remaining, self.read_timeout_s))
+        timeout = httpx2.Timeout(remaining, read=min(remaining, self.read_timeout_s))
         api_key = request.credential.api_key or 'unset'  # a keyless local server ignores it
-        client = self._client.with_options(
-            api_key=api_key, timeout=timeout, http_client=http_client
-        )
         body = self.chat_body(request, messages)
         body['stream'] = True
         body['stream_options'] = {'include_usage': True}
-        # What the pinned package's ``chat.completions.create(**body)`` does, less its
-        # ``maybe_transform`` of the body (a walk of the request's TypedDict by its type
-        # hints, ~0.7 ms a call, a fifth of opening a stream with thousands at once; issue
-        # 34): the body built here is plain JSON already (strings, numbers, dicts, lists),
-        # which the transform sends unchanged. ``post``, its options and the stream class are
-        # those ``create`` passes (``make_request_options`` is the package's private helper),
-        # so the headers, the auth, the timeout and the exceptions are the same.
-        return client.post(
-            '/chat/completions',
-            body=body,
-            options=make_request_options(security={'bearer_auth': True}),
-            cast_to=ChatCompletion,
-            stream=True,
-            stream_cls=_CHUNK_STREAM,
+        sent = http_client.build_request(
+            'POST',
+            self._chat_url,
+            headers={
+                'Authorization': 'Bearer %s' % api_key,
+                'Content-Type': 'application/json',
+                'Accept': 'text/event-stream',
+                'User-Agent': USER_AGENT,
+            },
+            content=json.dumps(body).encode(),
+            timeout=timeout,
         )
+        response = http_client.send(sent, stream=True)
+        if response.is_success:
+            return response
+        try:
+            response.read()
+        finally:
+            response.close()
+        raise _Answered(response)
 
     def chat_body(self, request, messages=None):
         """The chat completion body of ``request`` as this provider sends it, streaming left
@@ -206,10 +205,10 @@ class _Call:
         self.usage = None
         self.model = None
 
-    def collect(self, stream, model):
-        _WATCHER.watch(self.ctx, stream)
+    def collect(self, response, model):
+        _WATCHER.watch(self.ctx, response)
         try:
-            for chunk in _chunks(stream):
+            for chunk in _chunks(response):
                 self.ctx.check()  # cancelled or out of time: leave; ``finally`` hangs up
                 self._take(chunk)
             self.ctx.check()  # the watcher's hang-up can look like a normal end
@@ -217,8 +216,8 @@ class _Call:
             exc.usage = self.estimated_usage()
             raise
         finally:
-            _WATCHER.forget(stream)
-            stream.close()
+            _WATCHER.forget(response)
+            response.close()
         return self._result(model)
 
     def _take(self, chunk):
@@ -273,13 +272,14 @@ class _Call:
         return self.usage or Usage(self.prompt_tokens, completion)
 
     def translate(self, exc):
-        """The JobFailure for an ``openai`` exception, with what the call consumed."""
+        """The JobFailure for a failed call (an httpx error, an answer other than 2xx, an
+        error event in the stream), with what the call consumed."""
         if self.ctx.is_cancelled():
             failure = JobCancelledError('cancel requested during the provider call')
         elif self.ctx.remaining_s() <= 0:
             failure = JobTimeoutError('deadline passed during the provider call')
         else:
-            failure = classify(exc)
+            failure = _failure_of(exc)
         # A failure before any chunk was billed nothing we can know of; after, estimate.
         return _with_usage(failure, self.estimated_usage() if self.parts or self.usage else Usage())
 
@@ -290,26 +290,54 @@ class _Call:
         )
 
 
-def _chunks(stream):
-    """The stream's chunks as the JSON objects the server sent. The package's own iteration
-    builds a pydantic object per chunk, which was half of a worker's CPU with thousands of
-    streams at once (issue 34); this reads the same server-sent events (the pinned package's
-    ``Stream._iter_events``: its decoding, and its timeout and connection errors) and keeps
-    what its iteration does with them: ``[DONE]`` ends the stream, an ``error`` object raises
-    ``APIError``, malformed JSON raises ValueError."""
-    for event in stream._iter_events():
-        if event.data.startswith('[DONE]'):
+class _Answered(Exception):  # noqa: N818 - not an error of ours: the provider's answer
+    """The provider answered with a status other than 2xx; its body is read."""
+
+    def __init__(self, response):
+        super().__init__(response.status_code)
+        self.response = response
+
+
+class _ErrorEvent(Exception):  # noqa: N818
+    """The stream sent an event whose JSON object holds an ``error``."""
+
+
+def _chunks(response):
+    """The stream's chunks as the JSON objects the server sent: ``[DONE]`` ends the stream, an
+    event holding an ``error`` raises _ErrorEvent, data that is no JSON object ValueError."""
+    for data in _event_data(response.iter_bytes()):
+        if data.startswith(b'[DONE]'):
             return
-        chunk = json.loads(event.data)
-        if isinstance(chunk, dict) and chunk.get('error'):
-            error = chunk['error']
-            message = error.get('message') if isinstance(error, dict) else None
-            if not message or not isinstance(message, str):
-                message = 'An error occurred during streaming'
-            raise openai.APIError(message, request=stream.response.request, body=error)
+        chunk = json.loads(data)
         if not isinstance(chunk, dict):
             raise ValueError('a stream event that is not a JSON object')
+        if chunk.get('error'):
+            error = chunk['error']
+            message = error.get('message') if isinstance(error, dict) else None
+            raise _ErrorEvent(message if isinstance(message, str) and message else 'no message')
         yield chunk
+
+
+def _event_data(pieces):
+    """The data of each server-sent event (bytes; several ``data:`` lines joined by newlines)
+    read from ``pieces``, the body's bytes as they arrive. Lines end with LF, CRLF or CR; an
+    empty line ends an event; other fields (``event``, ``id``, ``retry``) and comments carry
+    nothing a chunk needs; an event the body leaves unfinished is dropped, as the protocol
+    says."""
+    pending, data = b'', []
+    for piece in pieces:
+        lines = (pending + piece).splitlines(True)
+        # The last line waits for its end (a CR may be the first half of a CRLF).
+        pending = lines.pop() if lines and not lines[-1].endswith(b'\n') else b''
+        for line in lines:
+            line = line.rstrip(b'\r\n')
+            if not line:
+                if data:
+                    yield b'\n'.join(data)
+                    data = []
+            elif line.startswith(b'data:'):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b' ') else value)
 
 
 class _Watcher:
@@ -358,8 +386,8 @@ class _Watcher:
 _WATCHER = _Watcher()
 
 
-def _hang_up(stream):
-    network = stream.response.extensions.get('network_stream')
+def _hang_up(response):
+    network = response.extensions.get('network_stream')
     sock = network.get_extra_info('socket') if network is not None else None
     if sock is None:
         return
@@ -369,8 +397,47 @@ def _hang_up(stream):
         pass  # already closed by the other side
 
 
+def _failure_of(exc):
+    """contracts §5.2 class of a failed chat call (no deadline or cancellation involved)."""
+    if isinstance(exc, _Answered):
+        return answer_failure(exc.response)
+    if isinstance(exc, _ErrorEvent):
+        return ProviderError(
+            'provider sent an error event: %s' % str(exc)[:300], code='PROVIDER_ERROR'
+        )
+    if isinstance(exc, httpx2.TimeoutException):
+        return ProviderError('provider timed out', code='PROVIDER_TIMEOUT')
+    if isinstance(exc, httpx2.TransportError):
+        return ProviderError('provider connection failed', code='PROVIDER_UNAVAILABLE')
+    return ProviderError('provider error: %s' % exc.__class__.__name__, code='PROVIDER_ERROR')
+
+
+def answer_failure(response):
+    """The JobFailure of an answer other than 2xx (its body read), read as the ``openai``
+    package reads one: the body's ``error`` object (or the body itself) gives the message, the
+    code and the type."""
+    try:
+        data = json.loads(response.content)
+    except ValueError:
+        data = None
+    body = data.get('error', data) if isinstance(data, dict) else None
+    body = body if isinstance(body, dict) else {}
+    message = body.get('message')
+    if not isinstance(message, str) or not message:
+        shown = data if data is not None else response.text[:300]
+        message = 'Error code: %d - %s' % (response.status_code, shown)
+    return status_failure(
+        response.status_code,
+        message,
+        body.get('code'),
+        retry_after_seconds(response.headers),
+        error_type=body.get('type'),
+    )
+
+
 def classify(exc):
-    """contracts §5.2 class of an ``openai`` exception (no deadline or cancellation involved)."""
+    """contracts §5.2 class of an ``openai`` exception (no deadline or cancellation involved):
+    ``list_models``'s failures."""
     if isinstance(exc, openai.APITimeoutError):
         return ProviderError('provider timed out', code='PROVIDER_TIMEOUT')
     if isinstance(exc, openai.APIConnectionError):

@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 
+import httpx2
 import pytest
 
 from engine.core.errors import (
@@ -19,6 +20,7 @@ from engine.core.errors import (
 )
 from engine.execution.prompts import default_library
 from engine.execution.providers import CallContext, Credential, ProviderRequest
+from engine.features.gateway import openai_client
 from engine.features.gateway.openai_client import (
     CALLS_PER_POOL,
     WATCH_INTERVAL_S,
@@ -307,3 +309,81 @@ def test_calls_lease_the_pool_with_fewest_calls_and_a_new_one_when_all_are_full(
     ]
     pools.release(leased[0])
     assert pools.lease() is leased[-1]  # 1 call, fewer than the first's 63
+
+
+# ---------------------------------------------------------------- the protocol, read directly
+class Body:
+    """A streamed response's body as it arrives, in the pieces given."""
+
+    def __init__(self, *pieces):
+        self.pieces = pieces
+
+    def iter_bytes(self):
+        return iter(self.pieces)
+
+
+def test_server_sent_events_are_framed_as_the_protocol_says_however_the_bytes_arrive():
+    pieces = (
+        b': a comment\r\nevent: chunk\r\nid: 1\r\ndata: {"a"',  # CRLF, split mid-line
+        b': 1}\r',  # a CR whose LF comes in the next piece: still one line end
+        b'\n\r\ndata: first line\ndata:second line\n\n',  # data lines joined by a newline
+        b'data: [DONE]\n\ndata: {"unfinished": true}',  # an event the body never ends
+    )
+    assert list(openai_client._event_data(Body(*pieces).iter_bytes())) == [
+        b'{"a": 1}',
+        b'first line\nsecond line',
+        b'[DONE]',
+    ]
+
+
+def test_chunks_end_at_done_and_an_error_event_or_bad_data_fails_the_stream():
+    good = b'data: {"choices": []}\n\n'
+    assert list(openai_client._chunks(Body(good, b'data: [DONE]\n\n', good))) == [{'choices': []}]
+    with pytest.raises(openai_client._ErrorEvent, match='overloaded'):
+        list(openai_client._chunks(Body(good, b'data: {"error": {"message": "overloaded"}}\n\n')))
+    for bad in (b'data: not json\n\n', b'data: [1, 2]\n\n'):
+        with pytest.raises(ValueError):
+            list(openai_client._chunks(Body(bad)))
+
+
+@pytest.mark.parametrize(
+    'answer, code, message',
+    [
+        (
+            httpx2.Response(
+                429, json={'error': {'message': 'slow down'}}, headers={'Retry-After': '7'}
+            ),
+            'PROVIDER_RATE_LIMITED',
+            'slow down',
+        ),
+        (
+            httpx2.Response(
+                400,
+                json={'error': {'message': 'too long', 'code': 'context_length_exceeded'}},
+            ),
+            'PROVIDER_BAD_REQUEST_CONTEXT_LENGTH',
+            'too long',
+        ),
+        (
+            httpx2.Response(400, json={'message': 'no error object'}),
+            'PROVIDER_BAD_REQUEST',
+            'no error object',
+        ),
+        (
+            httpx2.Response(502, text='<html>bad gateway</html>'),
+            'PROVIDER_UNAVAILABLE',
+            'bad gateway',
+        ),
+        (
+            httpx2.Response(500, json={'error': 'a string'}),
+            'PROVIDER_ERROR',
+            "{'error': 'a string'}",
+        ),
+    ],
+)
+def test_an_answer_other_than_2xx_is_read_as_the_openai_package_reads_it(answer, code, message):
+    failure = openai_client.answer_failure(answer)
+    assert failure.code == code
+    assert message in str(failure)
+    if code == 'PROVIDER_RATE_LIMITED':
+        assert failure.retry_after_s == 7.0
