@@ -305,8 +305,11 @@ class _ErrorEvent(Exception):  # noqa: N818
 def _chunks(response):
     """The stream's chunks as the JSON objects the server sent: ``[DONE]`` ends the stream, an
     event holding an ``error`` raises _ErrorEvent, data that is no JSON object ValueError."""
-    for data in _event_data(response.iter_bytes()):
+    events = _event_data(response.iter_bytes())
+    for data in events:
         if data.startswith(b'[DONE]'):
+            for _ in events:  # read to the body's end (as the package does), so that a
+                pass  # keep-alive connection goes back to its pool for the next call
             return
         chunk = json.loads(data)
         if not isinstance(chunk, dict):
