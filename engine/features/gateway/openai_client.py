@@ -133,12 +133,13 @@ class OpenAICompatibleProvider(Provider):
 
     def _open(self, request, messages, ctx, http_client):
         """The streamed response of one chat completion, its status checked: an answer other
-        than 2xx raises its JobFailure (``status_failure``). *Why httpx and not the package's
-        ``chat.completions.create``:* the package builds, copies and validates a request's
-        options and wraps the response in layers of its own, about 1 ms of CPU per call and a
-        third of the reading of each chunk, which bound how many streamed calls a worker holds
-        (issue 34); the request and the events are the protocol's, as its public reference
-        documents them, and httpx still makes the connection (TLS, proxies, the pool)."""
+        than 2xx raises _Answered, its body read (``answer_failure`` classes it). *Why httpx
+        and not the package's ``chat.completions.create``:* the package builds, copies and
+        validates a request's options and wraps the response in layers of its own, about 1 ms
+        of CPU per call and a third of the reading of each chunk, which bound how many
+        streamed calls a worker holds (issue 34); the request and the events are the
+        protocol's, as its public reference documents them, and httpx still makes the
+        connection (TLS, proxies, the pool)."""
         # The job's deadline bounds the whole call; a silent connection fails sooner, as a
         # retryable PROVIDER_TIMEOUT, while the job still has time for another attempt.
         remaining = max(0.001, ctx.remaining_s())
