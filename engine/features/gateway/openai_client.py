@@ -306,7 +306,10 @@ class _ErrorEvent(Exception):  # noqa: N818
 def _chunks(response):
     """The stream's chunks as the JSON objects the server sent: ``[DONE]`` ends the stream, an
     event holding an ``error`` raises _ErrorEvent, data that is no JSON object ValueError."""
-    events = _event_data(response.iter_bytes())
+    # The raw bytes when the body is not compressed: iter_bytes adds a decoder and a chunker
+    # per read for nothing (a provider streams uncompressed; httpx decodes one that is not).
+    encoded = response.headers.get('content-encoding', 'identity') != 'identity'
+    events = _event_data(response.iter_bytes() if encoded else response.iter_raw())
     for data in events:
         if data.startswith(b'[DONE]'):
             for _ in events:  # read to the body's end (as the package does), so that a

@@ -23,22 +23,36 @@ TEXT, RESET = 'text', 'reset'
 COUNTER_TTL_MS = 24 * 3600 * 1000
 READ_COUNT = 200  # entries per job per read of the waiting loop (only the last id is kept)
 
-# Appends a text entry to each job's stream and renews its expiry, for all the messages of one
-# pump round in one call. *Why a script:* redis-py's pipeline cost ~25-45 µs of the worker's
-# CPU per command (an XADD and a PEXPIRE per message), so a round of 2 000 messages held the
-# worker's one core for 50-90 ms without a switch, and every stream's reading waited behind it
-# (issue 34); packing one command of 3 arguments per message costs ~6 µs. The keys share the
-# ``{text}`` hash tag, so the script runs on a Redis Cluster too.
-# KEYS: the streams; ARGV: the cap, the TTL in ms, then attempt, offset, text per key.
+# Appends each message of one pump round to its job's stream and renews the stream's expiry, in
+# one call; a message whose attempt is '' begins the job's next attempt first (its counter
+# incremented, a reset entry from the second on), so a call's first text costs no round trip of
+# its own. *Why a script:* redis-py's pipeline cost ~25-45 µs of the worker's CPU per command
+# (an XADD and a PEXPIRE per message), so a round of 2 000 messages held the worker's one core
+# for 50-90 ms without a switch, and every stream's reading waited behind it (issue 34); packing
+# one command of 3 arguments per message costs ~6 µs. The keys share the ``{text}`` hash tag,
+# so the script runs on a Redis Cluster too.
+# KEYS: per message, its stream and its attempt counter. ARGV: the cap, the stream's TTL and
+# the counter's in ms, then per message its attempt ('' to begin one), offset and text.
+# Returns each message's attempt number.
 _APPEND = """
-local cap, ttl = ARGV[1], ARGV[2]
-for i = 1, #KEYS do
-  local at = 3 * i
-  redis.call('XADD', KEYS[i], 'MAXLEN', '~', cap, '*',
-             'k', 't', 'a', ARGV[at], 'o', ARGV[at + 1], 't', ARGV[at + 2])
-  redis.call('PEXPIRE', KEYS[i], ttl)
+local cap, ttl, counter_ttl = ARGV[1], ARGV[2], ARGV[3]
+local numbers = {}
+for i = 1, #KEYS / 2 do
+  local stream, at = KEYS[2 * i - 1], 1 + 3 * i
+  local attempt = ARGV[at]
+  if attempt == '' then
+    attempt = redis.call('INCR', KEYS[2 * i])
+    redis.call('PEXPIRE', KEYS[2 * i], counter_ttl)
+    if attempt > 1 then
+      redis.call('XADD', stream, 'MAXLEN', '~', cap, '*', 'k', 'r', 'a', attempt)
+    end
+  end
+  redis.call('XADD', stream, 'MAXLEN', '~', cap, '*',
+             'k', 't', 'a', attempt, 'o', ARGV[at + 1], 't', ARGV[at + 2])
+  redis.call('PEXPIRE', stream, ttl)
+  numbers[i] = tonumber(attempt)
 end
-return #KEYS
+return numbers
 """
 
 
@@ -72,13 +86,16 @@ class MemoryTextChannel:
 
     def begin_many(self, job_ids):
         with self._cond:
-            numbers = [self._next_attempt(job_id) for job_id in job_ids]
-            for job_id, number in zip(job_ids, numbers, strict=True):
-                log = self._log(job_id)
-                if number > 1:
-                    log.add(RESET, number, 0, '')
+            numbers = [self._begin(job_id) for job_id in job_ids]
             self._cond.notify_all()
             return numbers
+
+    def _begin(self, job_id):
+        """The job's next attempt number, announced by a reset from the second on."""
+        number = self._next_attempt(job_id)
+        if number > 1:
+            self._log(job_id).add(RESET, number, 0, '')
+        return number
 
     def _next_attempt(self, job_id):
         now = self._clock()
@@ -88,10 +105,17 @@ class MemoryTextChannel:
         return number
 
     def append_many(self, messages):
+        """Appends (job id, attempt, offset, text) messages; an attempt None begins the job's
+        next attempt with that message. Returns each message's attempt number."""
         with self._cond:
+            numbers = []
             for job_id, attempt, offset, text in messages:
+                if attempt is None:
+                    attempt = self._begin(job_id)
                 self._log(job_id).add(TEXT, attempt, offset, text)
+                numbers.append(attempt)
             self._cond.notify_all()
+            return numbers
 
     def read(self, job_id, after=None):
         with self._cond:
@@ -196,15 +220,18 @@ class RedisTextChannel:
 
     @translate_errors
     def append_many(self, messages):
+        """As MemoryTextChannel.append_many: one script call (``_APPEND``)."""
         if not messages:
-            return
+            return []
         if self._append is None:
             self._append = self.redis.register_script(_APPEND)
-        keys, args = [], [self.max_entries, self.ttl_ms]
+        keys = []
+        args = [self.max_entries, self.ttl_ms, max(self.ttl_ms, COUNTER_TTL_MS)]
         for job_id, attempt, offset, text in messages:
-            keys.append(self.key(job_id))
-            args += (attempt, offset, text)
-        self._append(keys=keys, args=args)
+            key = self.key(job_id)
+            keys += (key, key + ':attempts')
+            args += ('' if attempt is None else attempt, offset, text)
+        return self._append(keys=keys, args=args)
 
     def _add(self, pipe, job_id, fields):
         key = self.key(job_id)

@@ -5,11 +5,12 @@ Redis stream per job, or in the process) that the web tier's job streams read.
 Each provider call writes into a TextSink. One pump thread per process sends what the sinks
 hold: at most one message per call every INTERVAL_S, sooner when MAX_CHARS are waiting, all due
 messages of all calls in one round trip. The provider's own thread only appends to a list, so a
-slow or absent Redis never slows a call down. A call's first message asks the channel for the
-job's next text attempt number (a retry, a fallback or a takeover starts a new one, which the
-stream announces with ``reset``); its offsets count characters from the start of that attempt's
-text. A sink's ``close`` waits (briefly) until its last text is sent, so the text of a call is in
-the channel before the job's terminal write commits.
+slow or absent Redis never slows a call down. A call's first message begins the job's next
+text attempt in the same round trip, and the channel gives back its number (a retry, a fallback
+or a takeover starts a new one, which the stream announces with ``reset``); its offsets count
+characters from the start of that attempt's text. A sink's ``close`` waits (briefly) until its
+last text is sent, so the text of a call is in the channel before the job's terminal write
+commits.
 
 The text is job output: it is never logged, never written to the database.
 """
@@ -56,9 +57,10 @@ class _Message:
 
 
 class DeltaPump:
-    """Coalesces the sinks' text into messages and sends them to ``channel`` (which has
-    ``begin_many(job_ids)`` and ``append_many(messages)``). ``forwarded`` counts the messages
-    sent (the benchmark reads it)."""
+    """Coalesces the sinks' text into messages and sends them to ``channel`` (whose
+    ``append_many(messages)`` takes (job id, attempt or None to begin one, offset, text) and
+    returns the attempt numbers). ``forwarded`` counts the messages sent (the benchmark reads
+    it)."""
 
     def __init__(self, channel, interval_s=INTERVAL_S, max_chars=MAX_CHARS, clock=time.monotonic):
         self.channel = channel
@@ -159,18 +161,16 @@ class DeltaPump:
         return max(0.001, min(sink.next_at for sink in self._waiting) - now)
 
     def _send(self, messages):
-        """One round trip for the attempt numbers of calls sending their first text, one for all
-        the messages. A failure drops these messages (the text is only a preview: the job's
-        result is unaffected, and the offsets show a reader the gap)."""
+        """One round trip for all the messages; a call's first message begins the job's next
+        text attempt in it (its number comes back). A failure drops these messages (the text
+        is only a preview: the job's result is unaffected, and the offsets show a reader the
+        gap)."""
         try:
-            starting = [m.sink for m in messages if m.sink.attempt is None]
-            if starting:
-                numbers = self.channel.begin_many([sink.job_id for sink in starting])
-                for sink, number in zip(starting, numbers, strict=True):
-                    sink.attempt = number
-            self.channel.append_many(
+            numbers = self.channel.append_many(
                 [(m.sink.job_id, m.sink.attempt, m.offset, m.text) for m in messages]
             )
+            for message, number in zip(messages, numbers, strict=True):
+                message.sink.attempt = number
             self.forwarded += len(messages)
         except Exception as exc:
             # Never the text, nor the exception's message (it may quote a command's arguments).

@@ -338,6 +338,7 @@ class _Channel:
 
     def append_many(self, messages):
         self.messages.extend(messages)
+        return [1 if attempt is None else attempt for _, attempt, _, _ in messages]
 
 
 def test_the_pump_sends_512_characters_at_once_without_waiting_out_the_interval():
@@ -348,7 +349,7 @@ def test_the_pump_sends_512_characters_at_once_without_waiting_out_the_interval(
     wait_for(lambda: channel.messages)
     sink.write('b' * 600)  # full: goes now, long before the 10 s interval
     wait_for(lambda: len(channel.messages) == 2, timeout=2.0)
-    assert channel.messages == [('job-1', 1, 0, 'a'), ('job-1', 1, 1, 'b' * 600)]
+    assert channel.messages == [('job-1', None, 0, 'a'), ('job-1', 1, 1, 'b' * 600)]
     pump.stop()
 
 
@@ -384,21 +385,30 @@ def test_a_channel_keeps_a_jobs_entries_in_order_capped_and_expiring(channel):
     assert [(e.kind, e.attempt, e.offset, e.text) for e in channel.read('job-b')] == [
         (TEXT_ENTRY, 1, 0, 'b')
     ]
+    # A message without an attempt begins the job's next one, in the same call.
+    last = channel.read('job-a')[-1].id
+    assert channel.append_many([('job-a', None, 0, 'new'), ('job-c', None, 0, 'c')]) == [3, 1]
+    assert [(e.kind, e.attempt, e.offset, e.text) for e in channel.read('job-a', after=last)] == [
+        (RESET, 3, 0, ''),
+        (TEXT_ENTRY, 3, 0, 'new'),
+    ]
+    assert [(e.kind, e.attempt, e.text) for e in channel.read('job-c')] == [(TEXT_ENTRY, 1, 'c')]
+    assert channel.begin_many(['job-c']) == [2]
 
 
 @pytest.mark.slow
 def test_the_channel_writes_a_rounds_messages_in_one_call_on_a_cluster(tmp_path):
-    """The messages of one pump round go in one script call, whose keys share the ``{text}``
-    hash tag: a Redis Cluster runs it on the one node that holds them."""
+    """The messages of one pump round go in one script call (beginning the attempts of the
+    calls' first messages), whose keys share the ``{text}`` hash tag: a Redis Cluster runs it
+    on the one node that holds them."""
     require_binaries('redis-server')
     cluster = PrivateRedisCluster(tmp_path / 'cluster', masters=3)
     try:
         cluster.start()
         channel = RedisTextChannel(cluster.url, 'text', ttl_ms=60_000, max_entries=50)
         jobs = ['job-%d' % n for n in range(20)]
-        assert channel.begin_many(jobs) == [1] * 20
-        channel.append_many([(job, 1, 0, 'hello ') for job in jobs])
-        channel.append_many([(job, 1, 6, job) for job in jobs])
+        assert channel.append_many([(job, None, 0, 'hello ') for job in jobs]) == [1] * 20
+        assert channel.append_many([(job, 1, 6, job) for job in jobs]) == [1] * 20
         for job in jobs:
             assert ''.join(e.text for e in channel.read(job)) == 'hello ' + job
             assert 0 < channel.redis.pttl(channel.key(job)) <= 60_000
