@@ -1,8 +1,9 @@
 """The OpenAI-compatible provider: one chat-completions client for DeepSeek, OpenAI, vLLM, Ollama
 and llama.cpp servers. It streams, so that a cancelled job or a passed deadline stops the upstream
 request between chunks, and it only classifies failures (contracts §5.2): the engine owns retries.
-The chat call speaks the protocol over httpx (``_open``); the ``openai`` package lists models.
-Every exception of either is translated here; none leaves this module."""
+The chat call speaks the protocol itself (``_open``), over http_stream.py (httpx where a proxy
+applies); the ``openai`` package lists models. Every exception of these is translated here; none
+leaves this module."""
 
 import email.utils
 import json
@@ -24,6 +25,7 @@ from ...core.errors import (
 )
 from ...execution.prompts import default_library
 from ...execution.providers import Provider, ProviderResult, Usage
+from . import http_stream
 from .context_errors import context_length_sign
 
 WATCH_INTERVAL_S = 0.05  # how soon a cancel or deadline interrupts a stalled read
@@ -65,9 +67,9 @@ class _HttpPools:
         # The TLS settings an httpx client makes by default (verify=True, SSL_CERT_FILE and
         # SSL_CERT_DIR honoured), made once for all the pools: each client would load the CA
         # certificates again (~25 ms of CPU).
-        self._ssl_context = httpx2.create_ssl_context()
+        self.ssl_context = httpx2.create_ssl_context()
         self._lock = threading.Lock()
-        self.first = _http_client(self._ssl_context)
+        self.first = _http_client(self.ssl_context)
         self._pools = [[self.first, 0]]  # [httpx client, calls it holds]
 
     def lease(self):
@@ -75,7 +77,7 @@ class _HttpPools:
         with self._lock:
             pool = min(self._pools, key=_calls_held)
             if pool[1] >= CALLS_PER_POOL:
-                pool = [_http_client(self._ssl_context), 0]
+                pool = [_http_client(self.ssl_context), 0]
                 self._pools.append(pool)
             pool[1] += 1
         return pool
@@ -106,6 +108,10 @@ class OpenAICompatibleProvider(Provider):
         # max_retries=0: a retry here would hide failures from the engine's retry policy.
         self._pools = _HttpPools()
         self._chat_url = base_url.rstrip('/') + '/chat/completions'
+        # The chat call's own transport (http_stream.py), unless a proxy applies: httpx then.
+        self._endpoint = None
+        if not http_stream.proxy_applies(self._chat_url):
+            self._endpoint = http_stream.Endpoint(self._chat_url, self._pools.ssl_context)
         # The package's client serves only ``list_models`` (the chat call goes through httpx:
         # ``_open``).
         self._client = openai.OpenAI(
@@ -118,49 +124,53 @@ class OpenAICompatibleProvider(Provider):
         messages = self.prompts.render(request)
         ctx.check()
         call = _Call(ctx, estimate_tokens(messages))
+        model = request.model or self.model
         try:
+            if self._endpoint is not None:
+                return call.collect(self._open(request, messages, ctx), model)
             pool = self._pools.lease()
             try:
-                response = self._open(request, messages, ctx, pool[0])
-                return call.collect(response, request.model or self.model)
+                return call.collect(self._open(request, messages, ctx, pool[0]), model)
             finally:
                 self._pools.release(pool)
-        except (httpx2.HTTPError, _Answered, _ErrorEvent) as exc:
+        except (httpx2.HTTPError, http_stream.TransportError, _Answered, _ErrorEvent) as exc:
             raise call.translate(exc) from None
         except ValueError:
             # A stream event whose data is not JSON: the server broke the protocol.
             raise call.translate_malformed() from None
 
-    def _open(self, request, messages, ctx, http_client):
+    def _open(self, request, messages, ctx, http_client=None):
         """The streamed response of one chat completion, its status checked: an answer other
-        than 2xx raises _Answered, its body read (``answer_failure`` classes it). *Why httpx
-        and not the package's ``chat.completions.create``:* the package builds, copies and
-        validates a request's options and wraps the response in layers of its own, about 1 ms
-        of CPU per call and a third of the reading of each chunk, which bound how many
-        streamed calls a worker holds (issue 34); the request and the events are the
-        protocol's, as its public reference documents them, and httpx still makes the
-        connection (TLS, proxies, the pool)."""
+        than 2xx raises _Answered, its body read (``answer_failure`` classes it). It goes
+        through the provider's own transport (http_stream.py), or through ``http_client``
+        (httpx) when a proxy applies. *Why not the package's ``chat.completions.create``:* it
+        builds, copies and validates a request's options and wraps the response in layers of
+        its own, about 1 ms of CPU per call and a third of the reading of each chunk, which
+        bound how many streamed calls a worker holds (issue 34); the request and the events
+        are the protocol's, as its public reference documents them."""
         # The job's deadline bounds the whole call; a silent connection fails sooner, as a
         # retryable PROVIDER_TIMEOUT, while the job still has time for another attempt.
         remaining = max(0.001, ctx.remaining_s())
-        timeout = httpx2.Timeout(remaining, read=min(remaining, self.read_timeout_s))
+        read_timeout_s = min(remaining, self.read_timeout_s)
         api_key = request.credential.api_key or 'unset'  # a keyless local server ignores it
         body = self.chat_body(request, messages)
         body['stream'] = True
         body['stream_options'] = {'include_usage': True}
-        sent = http_client.build_request(
-            'POST',
-            self._chat_url,
-            headers={
-                'Authorization': 'Bearer %s' % api_key,
-                'Content-Type': 'application/json',
-                'Accept': 'text/event-stream',
-                'User-Agent': USER_AGENT,
-            },
-            content=json.dumps(body).encode(),
-            timeout=timeout,
-        )
-        response = http_client.send(sent, stream=True)
+        headers = {
+            'Authorization': 'Bearer %s' % api_key,
+            'Content-Type': 'application/json',
+            'Accept': 'text/event-stream',
+            'User-Agent': USER_AGENT,
+        }
+        content = json.dumps(body).encode()
+        if http_client is None:
+            response = self._endpoint.post(headers, content, remaining, read_timeout_s)
+        else:
+            timeout = httpx2.Timeout(remaining, read=read_timeout_s)
+            sent = http_client.build_request(
+                'POST', self._chat_url, headers=headers, content=content, timeout=timeout
+            )
+            response = http_client.send(sent, stream=True)
         if response.is_success:
             return response
         try:
@@ -394,8 +404,10 @@ _WATCHER = _Watcher()
 
 
 def _hang_up(response):
-    network = response.extensions.get('network_stream')
-    sock = network.get_extra_info('socket') if network is not None else None
+    sock = getattr(response, 'sock', None)  # http_stream's Response
+    if sock is None and hasattr(response, 'extensions'):  # httpx's
+        network = response.extensions.get('network_stream')
+        sock = network.get_extra_info('socket') if network is not None else None
     if sock is None:
         return
     try:
@@ -412,9 +424,9 @@ def _failure_of(exc):
         return ProviderError(
             'provider sent an error event: %s' % str(exc)[:300], code='PROVIDER_ERROR'
         )
-    if isinstance(exc, httpx2.TimeoutException):
+    if isinstance(exc, (httpx2.TimeoutException, http_stream.Timeout)):
         return ProviderError('provider timed out', code='PROVIDER_TIMEOUT')
-    if isinstance(exc, httpx2.TransportError):
+    if isinstance(exc, (httpx2.TransportError, http_stream.TransportError)):
         return ProviderError('provider connection failed', code='PROVIDER_UNAVAILABLE')
     return ProviderError('provider error: %s' % exc.__class__.__name__, code='PROVIDER_ERROR')
 

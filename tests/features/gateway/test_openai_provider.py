@@ -448,3 +448,22 @@ def test_a_stream_read_to_its_end_leaves_its_keep_alive_connection_for_the_next_
         listener.close()
         for conn in accepted:
             conn.close()
+
+
+def test_where_a_proxy_applies_the_call_goes_through_httpx_and_reads_the_same(
+    fake, provider, monkeypatch
+):
+    monkeypatch.setenv('ALL_PROXY', 'http://proxy.internal:3128')
+    monkeypatch.delenv('NO_PROXY', raising=False)
+    monkeypatch.delenv('no_proxy', raising=False)
+    proxied = OpenAICompatibleProvider(fake.base_url, 'fake-model', prompts=provider.prompts)
+    assert proxied._endpoint is None  # httpx, which reads the same variables, takes the call
+    # No proxy here to go through: the httpx path is run against the fake directly.
+    provider._endpoint = None
+    fake.script(
+        json_reply(CARDS, chunks=5), error_reply(429, 'slow down', headers={'Retry-After': '7'})
+    )
+    assert provider.generate(request(), context()).output == CARDS
+    with pytest.raises(ProviderError) as caught:
+        provider.generate(request(), context())
+    assert (caught.value.code, caught.value.retry_after_s) == ('PROVIDER_RATE_LIMITED', 7.0)

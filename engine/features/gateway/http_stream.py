@@ -1,0 +1,287 @@
+"""One streamed POST over HTTP/1.1 on the process's sockets (gevent's, in a worker): the chat
+call's transport when no proxy applies (openai_client._open; a proxy, from the environment as
+httpx reads it, sends the call through httpx instead). It sends the request, reads the answer's
+head, then gives the body's bytes as they arrive, whatever its framing (chunked, a length, or
+until the server closes); a body read to its end leaves a keep-alive connection for the
+provider's next call.
+
+*Why not httpx for every call:* httpx, httpcore and h11 read each chunk through layers of
+generators, context managers and timeouts. 1 000 loopback streams of 100 chunks each, opened and
+read whole on gevent, cost 5.4 s of CPU through httpx and 2.3-2.6 s on the socket directly
+(54 against 24 µs per chunk, issue 34): with thousands of streams at once, the worker's core.
+
+Failures are this module's two exceptions: ``Timeout`` (connect or read) and
+``TransportError`` (the connection failed or closed early, or the server broke the protocol).
+"""
+
+import socket
+import threading
+import urllib.request
+import zlib
+from urllib.parse import urlsplit
+
+HEAD_LIMIT = 64 * 1024  # an answer's head longer than this is no HTTP server's
+READ_SIZE = 64 * 1024
+IDLE_KEPT = 64  # idle keep-alive connections an endpoint keeps for its next calls
+
+
+class TransportError(Exception):
+    """The connection failed or closed early, or the server broke HTTP/1.1."""
+
+
+class Timeout(TransportError):
+    """Connecting or reading took longer than its timeout."""
+
+
+def proxy_applies(url):
+    """Whether the environment's proxy settings (``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``
+    and their lowercase forms, as httpx reads them) send requests to ``url`` through a proxy."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(parts.scheme) or proxies.get('all')
+    return bool(proxy) and not urllib.request.proxy_bypass_environment(parts.hostname, proxies)
+
+
+class Endpoint:
+    """Where one provider's streamed POSTs go (``url``: http or https), with its idle
+    keep-alive connections."""
+
+    def __init__(self, url, ssl_context):
+        parts = urlsplit(url)
+        if parts.scheme not in ('http', 'https'):
+            raise ValueError('not an http or https URL')
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == 'https' else 80)
+        self._tls = ssl_context if parts.scheme == 'https' else None
+        target = (parts.path or '/') + ('?' + parts.query if parts.query else '')
+        host = parts.netloc.rsplit('@', 1)[-1]
+        self._start = ('POST %s HTTP/1.1\r\nHost: %s\r\n' % (target, host)).encode('ascii')
+        self._idle = []
+        self._lock = threading.Lock()
+
+    def post(self, headers, body, connect_timeout_s, read_timeout_s):
+        """The Response to POSTing ``body`` (bytes) with ``headers`` ({name: value}), its head
+        read. A kept connection the server closed meanwhile is replaced once, silently."""
+        request = self._request(headers, body)
+        while True:
+            sock, reused = self._take_idle(), True
+            if sock is None:
+                sock, reused = self._connect(connect_timeout_s), False
+            response = Response(self, sock, read_timeout_s)
+            try:
+                sock.sendall(request)
+                response.read_head()
+                return response
+            except socket.timeout:
+                response.close()
+                raise Timeout('no answer within %.1f s' % read_timeout_s) from None
+            except (OSError, TransportError) as exc:
+                response.close()
+                if reused and not response.heard:
+                    continue  # the server had closed this idle connection: take another
+                raise TransportError(_reason(exc)) from None
+
+    def _request(self, headers, body):
+        lines = ''.join('%s: %s\r\n' % item for item in headers.items())
+        lines += 'Content-Length: %d\r\n\r\n' % len(body)
+        return self._start + lines.encode('latin-1') + body
+
+    def _connect(self, timeout_s):
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=timeout_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+            return sock
+        except socket.timeout:
+            raise Timeout('no connection within %.1f s' % timeout_s) from None
+        except OSError as exc:
+            raise TransportError(_reason(exc)) from None
+
+    def _take_idle(self):
+        with self._lock:
+            return self._idle.pop() if self._idle else None
+
+    def give_back(self, sock):
+        with self._lock:
+            if len(self._idle) < IDLE_KEPT:
+                self._idle.append(sock)
+                return
+        _close(sock)
+
+
+class Response:
+    """An answer: ``status_code``, ``headers`` (lowercase names), then its body, read once:
+    ``iter_raw`` (as sent), ``iter_bytes`` (decoded), or ``read`` (whole, into ``content``)."""
+
+    def __init__(self, endpoint, sock, read_timeout_s):
+        self.endpoint = endpoint
+        self.sock = sock  # the stream watcher hangs it up (openai_client._hang_up)
+        self.read_timeout_s = read_timeout_s
+        self.status_code = 0
+        self.headers = {}
+        self.heard = False  # whether any byte of the answer arrived
+        self.content = b''
+        self._rest = b''  # bytes read past the head
+        self._done = False  # the body was read to its end
+        self._keep_alive = False
+
+    @property
+    def is_success(self):
+        return 200 <= self.status_code < 300
+
+    @property
+    def text(self):
+        return self.content.decode('utf-8', 'replace')
+
+    def read_head(self):
+        self.sock.settimeout(self.read_timeout_s)
+        buffer = b''
+        while True:
+            while b'\r\n\r\n' not in buffer:
+                if len(buffer) > HEAD_LIMIT:
+                    raise TransportError('an answer head over %d bytes' % HEAD_LIMIT)
+                data = self.sock.recv(READ_SIZE)
+                if not data:
+                    raise TransportError('the server closed the connection before answering')
+                self.heard = True
+                buffer += data
+            head, _, buffer = buffer.partition(b'\r\n\r\n')
+            version, status, fields = _parse_head(head)
+            if not 100 <= status < 200:  # an interim answer (103 Early Hints) comes before
+                break
+        self.status_code, self.headers, self._rest = status, fields, buffer
+        connection = fields.get('connection', '').lower()
+        self._keep_alive = version == 'HTTP/1.1' and 'close' not in connection
+
+    def iter_raw(self):
+        try:
+            if 'chunked' in self.headers.get('transfer-encoding', '').lower():
+                yield from self._chunked()
+            elif 'content-length' in self.headers:
+                yield from self._sized(_length(self.headers['content-length']))
+            else:
+                self._keep_alive = False
+                yield from self._until_close()
+        except socket.timeout:
+            raise Timeout('no data within %.1f s' % self.read_timeout_s) from None
+        except OSError as exc:
+            raise TransportError(_reason(exc)) from None
+
+    def iter_bytes(self):
+        encoding = self.headers.get('content-encoding', 'identity').lower()
+        if encoding == 'identity':
+            yield from self.iter_raw()
+            return
+        if encoding not in ('gzip', 'deflate'):
+            raise TransportError('an unsupported content-encoding')
+        decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by the header
+        try:
+            for piece in self.iter_raw():
+                yield decoder.decompress(piece)
+            yield decoder.flush()
+        except zlib.error:
+            raise TransportError('a body that does not decompress') from None
+
+    def read(self):
+        self.content = b''.join(self.iter_bytes())
+        return self.content
+
+    def close(self):
+        if self.sock is None:
+            return
+        sock, self.sock = self.sock, None
+        if self._done and self._keep_alive:
+            self.endpoint.give_back(sock)
+        else:
+            _close(sock)
+
+    def _recv(self):
+        data = self.sock.recv(READ_SIZE)
+        if not data:
+            raise TransportError('the server closed the connection mid-answer')
+        return data
+
+    def _chunked(self):
+        buffer, self._rest = self._rest, b''
+        while True:
+            while b'\r\n' not in buffer:
+                buffer += self._recv()
+            size_line, _, buffer = buffer.partition(b'\r\n')
+            size = _length(size_line.split(b';', 1)[0], base=16)
+            if size == 0:
+                break
+            while size:  # a chunk's bytes as they arrive: a stream's events are not held back
+                if not buffer:
+                    buffer = self._recv()
+                piece, buffer = buffer[:size], buffer[size:]
+                size -= len(piece)
+                yield piece
+            while len(buffer) < 2:
+                buffer += self._recv()
+            if buffer[:2] != b'\r\n':
+                raise TransportError('a chunk without its line end')
+            buffer = buffer[2:]
+        # Trailers, if any, end with an empty line: the body's end.
+        while not (buffer.startswith(b'\r\n') or b'\r\n\r\n' in buffer):
+            buffer += self._recv()
+        self._done = True
+
+    def _sized(self, length):
+        piece, self._rest = self._rest[:length], b''
+        left = length - len(piece)
+        if piece:
+            yield piece
+        while left:
+            piece = self._recv()[:left]
+            left -= len(piece)
+            yield piece
+        self._done = True
+
+    def _until_close(self):
+        if self._rest:
+            yield self._rest
+        while True:
+            data = self.sock.recv(READ_SIZE)
+            if not data:
+                self._done = True
+                return
+            yield data
+
+
+def _parse_head(head):
+    """(version, status, {lowercase name: value}) of an answer's head."""
+    lines = head.decode('latin-1').split('\r\n')
+    parts = lines[0].split(' ', 2)
+    if len(parts) < 2 or not parts[0].startswith('HTTP/') or not parts[1].isdigit():
+        raise TransportError('a malformed status line')
+    fields = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(':')
+        if not colon:
+            raise TransportError('a malformed header line')
+        name, value = name.strip().lower(), value.strip()
+        fields[name] = fields[name] + ', ' + value if name in fields else value
+    return parts[0], int(parts[1]), fields
+
+
+def _length(text, base=10):
+    try:
+        value = int(text.strip(), base)
+    except ValueError:
+        raise TransportError('a malformed length') from None
+    if value < 0:
+        raise TransportError('a malformed length')
+    return value
+
+
+def _reason(exc):
+    """What failed, without the exception's message (it may quote an address)."""
+    return exc.args[0] if isinstance(exc, TransportError) else exc.__class__.__name__
+
+
+def _close(sock):
+    try:
+        sock.close()
+    except OSError:
+        pass

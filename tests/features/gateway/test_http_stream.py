@@ -1,0 +1,177 @@
+"""The chat call's own HTTP/1.1 transport (engine/features/gateway/http_stream.py), against a
+loopback server that answers each request with the bytes a test scripts: every body framing,
+kept connections, and the ways a server breaks the protocol."""
+
+import gzip
+import socket
+import threading
+
+import pytest
+
+from engine.features.gateway import http_stream
+
+
+class ScriptedServer:
+    """Answers the n-th request with ``answers[n]`` (bytes); after an answer, closes the
+    connection when ``close_after`` says so; after the last, closes it unless ``hold``. Counts
+    the connections it accepted."""
+
+    def __init__(self, answers, close_after=False, hold=False):
+        self.answers = list(answers)
+        self.close_after = close_after
+        self.hold = hold
+        self.connections = 0
+        self.requests = []
+        self.listener = socket.create_server(('127.0.0.1', 0))
+        self.url = 'http://127.0.0.1:%d/v1/chat/completions' % self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        reader = conn.makefile('rb')
+        with conn:
+            while self.answers:
+                head = b''
+                while not head.endswith(b'\r\n\r\n'):
+                    line = reader.readline()
+                    if not line:
+                        return
+                    head += line
+                length = int(head.lower().split(b'content-length:')[1].split(b'\r\n')[0])
+                self.requests.append((head, reader.read(length)))
+                conn.sendall(self.answers.pop(0))
+                if self.close_after:
+                    return
+            if self.hold:
+                reader.read()  # until the client closes
+
+    def close(self):
+        self.listener.close()
+
+
+@pytest.fixture
+def serve():
+    made = []
+
+    def start(*answers, close_after=False, hold=False):
+        made.append(ScriptedServer(answers, close_after, hold))
+        return made[-1]
+
+    yield start
+    for server in made:
+        server.close()
+
+
+def post(server, read_timeout_s=2.0, endpoint=None):
+    endpoint = endpoint or http_stream.Endpoint(server.url, ssl_context=None)
+    return endpoint.post({'Authorization': 'Bearer k'}, b'{"a": 1}', 2.0, read_timeout_s)
+
+
+def body_of(response):
+    try:
+        return b''.join(response.iter_bytes())
+    finally:
+        response.close()
+
+
+CHUNKED = (
+    b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n1;ext=1\r\n!\r\n0\r\n\r\n'
+)
+
+
+def test_the_request_is_sent_whole_and_each_framing_of_the_body_is_read(serve):
+    server = serve(
+        CHUNKED,
+        b'HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello',
+        b'HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 200 OK\r\nX-A: 1\r\nX-A: 2\r\n'
+        b'Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s'
+        % (len(gzip.compress(b'zipped')), gzip.compress(b'zipped')),
+        b'HTTP/1.0 200 OK\r\n\r\nuntil the server closes',
+    )
+    endpoint = http_stream.Endpoint(server.url, ssl_context=None)
+    assert body_of(post(server, endpoint=endpoint)) == b'hello!'
+    assert body_of(post(server, endpoint=endpoint)) == b'hello'
+    third = post(server, endpoint=endpoint)
+    assert (third.status_code, third.headers['x-a']) == (200, '1, 2')  # after the interim one
+    assert body_of(third) == b'zipped'
+    assert body_of(post(server, endpoint=endpoint)) == b'until the server closes'
+    head, body = server.requests[0]
+    assert head.startswith(b'POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:')
+    assert b'Authorization: Bearer k\r\n' in head and body == b'{"a": 1}'
+    assert server.connections == 1  # kept alive through the first three answers
+
+
+def test_a_kept_connection_the_server_closed_meanwhile_is_replaced(serve):
+    server = serve(CHUNKED, CHUNKED, close_after=True)
+    endpoint = http_stream.Endpoint(server.url, ssl_context=None)
+    assert body_of(post(server, endpoint=endpoint)) == b'hello!'
+    assert body_of(post(server, endpoint=endpoint)) == b'hello!'
+    assert server.connections == 2
+
+
+def test_an_error_answer_is_read_whole_with_its_headers(serve):
+    server = serve(
+        b'HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\nContent-Length: 12\r\n\r\n'
+        b'{"error": 1}'
+    )
+    response = post(server)
+    assert not response.is_success
+    assert response.read() == b'{"error": 1}' and response.text == '{"error": 1}'
+    assert response.headers['retry-after'] == '7'
+    response.close()
+
+
+@pytest.mark.parametrize(
+    'answer',
+    [
+        b'HTTP/1.1 banana\r\n\r\n',  # no status
+        b'HTTP/1.1 200 OK\r\nno colon here\r\n\r\n',
+        b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n',  # no chunk size
+        b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX',  # no line end
+        b'HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf',  # closed mid-body
+        b'HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\nx',
+    ],
+)
+def test_a_server_that_breaks_the_protocol_is_a_transport_error(serve, answer):
+    server = serve(answer, close_after=True)
+    with pytest.raises(http_stream.TransportError):
+        body_of(post(server))
+
+
+def test_a_silent_server_times_out_and_a_closed_port_is_a_transport_error(serve):
+    silent = serve(
+        b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n', hold=True
+    )
+    response = post(silent, read_timeout_s=0.2)
+    with pytest.raises(http_stream.Timeout):
+        body_of(response)
+    closed = socket.create_server(('127.0.0.1', 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    endpoint = http_stream.Endpoint('http://127.0.0.1:%d/v1' % port, ssl_context=None)
+    with pytest.raises(http_stream.TransportError) as caught:
+        endpoint.post({}, b'', 1.0, 1.0)
+    assert not isinstance(caught.value, http_stream.Timeout)
+    assert str(caught.value) == 'ConnectionRefusedError'  # no address in the message
+
+
+def test_a_proxy_from_the_environment_applies_as_httpx_reads_it(monkeypatch):
+    for name in ('HTTP_PROXY', 'HTTPS_PROXY', 'ALL_PROXY', 'NO_PROXY'):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    assert not http_stream.proxy_applies('https://api.example.com/v1')
+    monkeypatch.setenv('HTTPS_PROXY', 'http://proxy.internal:3128')
+    assert http_stream.proxy_applies('https://api.example.com/v1')
+    assert not http_stream.proxy_applies('http://10.0.0.5:8000/v1')  # no proxy for http
+    monkeypatch.setenv('ALL_PROXY', 'http://proxy.internal:3128')
+    monkeypatch.setenv('NO_PROXY', '10.0.0.5,localhost')
+    assert not http_stream.proxy_applies('http://10.0.0.5:8000/v1')
+    assert http_stream.proxy_applies('http://10.0.0.6:8000/v1')
