@@ -353,6 +353,48 @@ def test_the_pump_sends_512_characters_at_once_without_waiting_out_the_interval(
     pump.stop()
 
 
+class _SlowChannel(_Channel):
+    """Records when each message went out; each round trip takes ``delay_s``."""
+
+    def __init__(self, delay_s):
+        super().__init__()
+        self.delay_s = delay_s
+        self.sent_at = []
+
+    def append_many(self, messages):
+        now = time.monotonic()
+        self.sent_at.extend((now, m[0]) for m in messages)
+        time.sleep(self.delay_s)
+        return super().append_many(messages)
+
+
+def test_many_sinks_writing_through_slow_round_trips_keep_the_pace_and_lose_nothing():
+    """40 calls write every 2 ms while each round trip takes 15 ms: each call's messages come
+    at least the interval apart (counted from the end of the send before), in order, and
+    together they are its whole text; one call's text keeps filling its sink past MAX_CHARS."""
+    channel = _SlowChannel(delay_s=0.015)
+    pump = DeltaPump(channel, interval_s=0.05, max_chars=200)
+    sinks = [pump.open('job-%d' % n) for n in range(40)]
+    written = {sink.job_id: [] for sink in sinks}
+    for step in range(150):
+        for sink in sinks:
+            text = '%s.' % step if sink.job_id != 'job-0' else 'x' * 30  # job-0 fills up
+            sink.write(text)
+            written[sink.job_id].append(text)
+        time.sleep(0.002)
+    for sink in sinks:
+        sink.close()
+    pump.stop()
+    for sink in sinks:
+        mine = [m for m in channel.messages if m[0] == sink.job_id]
+        assert ''.join(m[3] for m in mine) == ''.join(written[sink.job_id])
+        assert [m[2] for m in mine] == [sum(len(m[3]) for m in mine[:i]) for i in range(len(mine))]
+        times = [t for t, job in channel.sent_at if job == sink.job_id]
+        gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+        if sink.job_id != 'job-0':  # a full sink's messages go at once (the test above)
+            assert min(gaps) >= 0.05 + 0.015 - 0.002, sink.job_id
+
+
 @pytest.fixture
 def channel(backend):
     """The text channel of the backend pair: in the process, or Redis under the test's prefix."""
