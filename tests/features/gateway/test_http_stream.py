@@ -2,8 +2,11 @@
 loopback server that answers each request with the bytes a test scripts: every body framing,
 kept connections, and the ways a server breaks the protocol."""
 
+import datetime
 import gzip
+import ipaddress
 import socket
+import ssl
 import threading
 
 import pytest
@@ -16,20 +19,26 @@ class ScriptedServer:
     connection when ``close_after`` says so; after the last, closes it unless ``hold``. Counts
     the connections it accepted."""
 
-    def __init__(self, answers, close_after=False, hold=False):
+    def __init__(self, answers, close_after=False, hold=False, tls=None):
         self.answers = list(answers)
         self.close_after = close_after
         self.hold = hold
         self.connections = 0
         self.requests = []
         self.listener = socket.create_server(('127.0.0.1', 0))
-        self.url = 'http://127.0.0.1:%d/v1/chat/completions' % self.listener.getsockname()[1]
+        port = self.listener.getsockname()[1]
+        self.url = 'http://127.0.0.1:%d/v1/chat/completions' % port
+        if tls is not None:  # a server-side SSLContext
+            self.listener = tls.wrap_socket(self.listener, server_side=True)
+            self.url = 'https://localhost:%d/v1/chat/completions' % port
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
         while True:
             try:
                 conn, _ = self.listener.accept()
+            except ssl.SSLError:
+                continue  # a client that refused our certificate
             except OSError:
                 return
             self.connections += 1
@@ -175,3 +184,58 @@ def test_a_proxy_from_the_environment_applies_as_httpx_reads_it(monkeypatch):
     monkeypatch.setenv('NO_PROXY', '10.0.0.5,localhost')
     assert not http_stream.proxy_applies('http://10.0.0.5:8000/v1')
     assert http_stream.proxy_applies('http://10.0.0.6:8000/v1')
+
+
+def self_signed(folder):
+    """A certificate for localhost and 127.0.0.1 and its key, as files in ``folder``."""
+    from cryptography import x509  # noqa: PLC0415 - only this test makes certificates
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, 'localhost')])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    names = [x509.DNSName('localhost'), x509.IPAddress(ipaddress.ip_address('127.0.0.1'))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / 'cert.pem', folder / 'key.pem'
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_path), str(key_path)
+
+
+def test_https_verifies_the_servers_certificate_and_keeps_the_connection(tmp_path):
+    cert, key = self_signed(tmp_path)
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_side.load_cert_chain(cert, key)
+    server = ScriptedServer([CHUNKED, CHUNKED, CHUNKED], tls=server_side)
+    try:
+        trusting = ssl.create_default_context(cafile=cert)
+        endpoint = http_stream.Endpoint(server.url, ssl_context=trusting)
+        assert body_of(post(server, endpoint=endpoint)) == b'hello!'
+        assert body_of(post(server, endpoint=endpoint)) == b'hello!'
+        assert server.connections == 1
+        # A certificate the context does not trust: refused, as httpx refuses it.
+        stranger = http_stream.Endpoint(server.url, ssl_context=ssl.create_default_context())
+        with pytest.raises(http_stream.TransportError) as caught:
+            stranger.post({}, b'', 2.0, 2.0)
+        assert str(caught.value) == 'SSLCertVerificationError'
+    finally:
+        server.close()
