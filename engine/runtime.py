@@ -4,6 +4,7 @@ order. It sits above core, execution, dispatch, the job types and the extensions
 http."""
 
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -233,6 +234,24 @@ class _LazyRedis:
         return getattr(self._queue.redis, name)
 
 
+# The worker's collector thresholds: a young collection after this many objects made (Python's
+# default is 700), an older one after 20 of the generation below.
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
+def collect_rarely():
+    """The worker's cyclic garbage collector, tuned for thousands of waiting jobs. What start-up
+    built (modules, the gateway, the clients) lives as long as the process: frozen out of the
+    collector's sight, as the web workers do (engine/server.py). And collections come 30 times
+    less often. *Why:* each collection stops every job's greenlet; with 2 000 streamed calls
+    at once the default thresholds collected 770 times in 14 s, 1.5 s of CPU in all (a tenth
+    of the worker's), with pauses up to 128 ms in every stream's reading; with these, 20
+    collections, 0.2 s (issue 34). Most of what a job makes is freed by reference counting
+    anyway, which the thresholds do not change."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run_worker_process(config):
     """``python aijob.py worker``: needs Redis, since an in-memory queue cannot cross processes.
     The extensions' ``worker_process`` hooks are around its loops (the metrics' own port)."""
@@ -253,7 +272,9 @@ def run_worker_process(config):
     with contextlib.ExitStack() as around:
         for make in runtime.hooks.worker_process:
             around.enter_context(make(runtime))
-        runtime.attach_worker().run_until_signalled()
+        worker = runtime.attach_worker()
+        collect_rarely()
+        worker.run_until_signalled()
         runtime.stop_background()  # the ordered stop, within AIJOB_SHUTDOWN_GRACE_MS
     runtime.close()
     return 0
