@@ -31,6 +31,7 @@ from engine.features.gateway.openai_client import (
 from engine.jobtypes.flashcards import FLASHCARD_JOB_DEFINITION, FLASHCARDS_V1
 from tests.support.fake_openai import Reply, error_reply, json_reply
 from tests.support.helpers import wait_until
+from tests.support.scripted_http import ScriptedServer
 
 CARDS = {
     'cards': [
@@ -396,58 +397,28 @@ def test_an_answer_other_than_2xx_is_read_as_the_openai_package_reads_it(answer,
 def test_a_stream_read_to_its_end_leaves_its_keep_alive_connection_for_the_next_call():
     """A server that keeps connections alive (chunked bodies, as OpenAI's): the call reads past
     ``[DONE]`` to the body's end, so the next call reuses the connection."""
-    listener = socket.create_server(('127.0.0.1', 0))
-    accepted = []
-
-    def serve():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            accepted.append(conn)
-            threading.Thread(target=answer_each_request, args=(conn,), daemon=True).start()
-
-    def answer_each_request(conn):
-        reader = conn.makefile('rb')
-        while True:
-            head = b''
-            while not head.endswith(b'\r\n\r\n'):
-                line = reader.readline()
-                if not line:
-                    return
-                head += line
-            length = int(head.lower().split(b'content-length:')[1].split(b'\r\n')[0])
-            reader.read(length)
-            conn.sendall(
-                b'HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n'
-                b'Transfer-Encoding: chunked\r\n\r\n'
-            )
-            for event in (
-                {'choices': [{'delta': {'content': json.dumps(CARDS)}, 'finish_reason': 'stop'}]},
-                '[DONE]',
-            ):
-                data = (
-                    b'data: %s\n\n'
-                    % (event if isinstance(event, str) else json.dumps(event)).encode()
-                )
-                conn.sendall(b'%x\r\n%s\r\n' % (len(data), data))
-            conn.sendall(b'0\r\n\r\n')
-
-    threading.Thread(target=serve, daemon=True).start()
+    events = b''
+    for event in (
+        {'choices': [{'delta': {'content': json.dumps(CARDS)}, 'finish_reason': 'stop'}]},
+        '[DONE]',
+    ):
+        data = b'data: %s\n\n' % (event if isinstance(event, str) else json.dumps(event)).encode()
+        events += b'%x\r\n%s\r\n' % (len(data), data)
+    answer = (
+        b'HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n'
+        b'Transfer-Encoding: chunked\r\n\r\n' + events + b'0\r\n\r\n'
+    )
+    server = ScriptedServer([answer] * 3)
     prompts = default_library()
     prompts.add(FLASHCARDS_V1)
-    provider = OpenAICompatibleProvider(
-        'http://127.0.0.1:%d/v1' % listener.getsockname()[1], 'm', prompts=prompts
-    )
+    base_url = server.url.rsplit('/chat/completions', 1)[0]
+    provider = OpenAICompatibleProvider(base_url, 'm', prompts=prompts)
     try:
         for _ in range(3):
             assert provider.generate(request(), context()).output == CARDS
-        assert len(accepted) == 1
+        assert server.connections == 1
     finally:
-        listener.close()
-        for conn in accepted:
-            conn.close()
+        server.close()
 
 
 def test_where_a_proxy_applies_the_call_goes_through_httpx_and_reads_the_same(
