@@ -248,6 +248,7 @@ def collect_rarely():
     of the worker's), with pauses up to 128 ms in every stream's reading; with these, 20
     collections, 0.2 s (issue 34). Most of what a job makes is freed by reference counting
     anyway, which the thresholds do not change."""
+    gc.collect()  # start-up's garbage first: frozen, it would never go
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
 

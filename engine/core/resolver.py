@@ -73,7 +73,7 @@ def is_numeric(host):
         host = host.decode('ascii', 'replace')
     for family in (_socket.AF_INET, _socket.AF_INET6):
         try:
-            _socket.inet_pton(family, host.split('%', 1)[0])  # an IPv6 zone is not numeric
+            _socket.inet_pton(family, host.split('%', 1)[0])  # fe80::1%eth0: its zone aside
         except (OSError, ValueError):
             continue
         return True

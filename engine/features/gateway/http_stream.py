@@ -14,15 +14,21 @@ Failures are this module's two exceptions: ``Timeout`` (connect or read) and
 ``TransportError`` (the connection failed or closed early, or the server broke the protocol).
 """
 
+import re
+import select
 import socket
 import threading
+import time
 import urllib.request
 import zlib
 from urllib.parse import urlsplit
 
 HEAD_LIMIT = 64 * 1024  # an answer's head longer than this is no HTTP server's
 READ_SIZE = 64 * 1024
-IDLE_KEPT = 64  # idle keep-alive connections an endpoint keeps for its next calls
+IDLE_KEPT = 64  # idle keep-alive connections an endpoint keeps for its next calls...
+IDLE_EXPIRY_S = 5.0  # ...for this long (httpx's keep-alive expiry)
+_BREAKS = re.compile(r'[\r\n\0]')
+EVENT_LIMIT = 4 * 1024 * 1024  # a chunk-size line or an event longer than this: a broken body
 
 
 class TransportError(Exception):
@@ -61,12 +67,14 @@ class Endpoint:
 
     def post(self, headers, body, connect_timeout_s, read_timeout_s):
         """The Response to POSTing ``body`` (bytes) with ``headers`` ({name: value}), its head
-        read. A kept connection the server closed meanwhile is replaced once, silently."""
+        read. A kept connection that fails before a byte of the answer came (the server
+        closed it as it was taken) is replaced by a new one, once."""
         request = self._request(headers, body)
+        sock = self._take_idle()
         while True:
-            sock, reused = self._take_idle(), True
-            if sock is None:
-                sock, reused = self._connect(connect_timeout_s), False
+            reused = sock is not None
+            if not reused:
+                sock = self._connect(connect_timeout_s)
             response = Response(self, sock, read_timeout_s)
             try:
                 sock.sendall(request)
@@ -78,15 +86,25 @@ class Endpoint:
             except (OSError, TransportError) as exc:
                 response.close()
                 if reused and not response.heard:
-                    continue  # the server had closed this idle connection: take another
+                    sock = None  # a new connection, never another kept one
+                    continue
                 raise TransportError(_reason(exc)) from None
 
     def _request(self, headers, body):
+        # A line break or NUL in a header (a key pasted with its newline) would end the head
+        # early and send the rest, the job's input, as another request: refused, as httpx
+        # refuses it, without quoting the value (it may be a key).
+        if any(_BREAKS.search(name) or _BREAKS.search(value) for name, value in headers.items()):
+            raise TransportError('an invalid header value')
         lines = ''.join('%s: %s\r\n' % item for item in headers.items())
         lines += 'Content-Length: %d\r\n\r\n' % len(body)
-        return self._start + lines.encode('latin-1') + body
+        try:
+            return self._start + lines.encode('latin-1') + body
+        except UnicodeEncodeError:
+            raise TransportError('an invalid header value') from None
 
     def _connect(self, timeout_s):
+        sock = None
         try:
             sock = socket.create_connection((self.host, self.port), timeout=timeout_s)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -94,18 +112,30 @@ class Endpoint:
                 sock = self._tls.wrap_socket(sock, server_hostname=self.host)
             return sock
         except socket.timeout:
+            _close(sock)
             raise Timeout('no connection within %.1f s' % timeout_s) from None
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a host IDNA cannot encode
+            _close(sock)
             raise TransportError(_reason(exc)) from None
 
     def _take_idle(self):
-        with self._lock:
-            return self._idle.pop() if self._idle else None
+        """A kept connection still fit for a request: idle for less than IDLE_EXPIRY_S, and
+        with nothing to read (a server that closed it, or wrote to it unasked, makes it
+        readable); the others are closed."""
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
+                sock, since = self._idle.pop()
+            if now - since < IDLE_EXPIRY_S and not _readable(sock):
+                return sock
+            _close(sock)
 
     def give_back(self, sock):
         with self._lock:
             if len(self._idle) < IDLE_KEPT:
-                self._idle.append(sock)
+                self._idle.append((sock, time.monotonic()))
                 return
         _close(sock)
 
@@ -125,6 +155,7 @@ class Response:
         self._rest = b''  # bytes read past the head
         self._done = False  # the body was read to its end
         self._keep_alive = False
+        self._hung_up = False
 
     @property
     def is_success(self):
@@ -187,11 +218,23 @@ class Response:
         self.content = b''.join(self.iter_bytes())
         return self.content
 
+    def hang_up(self):
+        """From another greenlet (the stream watcher): wake a read blocked on a silent server.
+        The socket itself is shut down, under any TLS layer (whose own shutdown would unwrap
+        it), and it never goes back to the kept connections."""
+        self._hung_up = True
+        sock = self.sock
+        if sock is not None:
+            try:
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by the other side
+
     def close(self):
         if self.sock is None:
             return
         sock, self.sock = self.sock, None
-        if self._done and self._keep_alive:
+        if self._done and self._keep_alive and not self._hung_up:
             self.endpoint.give_back(sock)
         else:
             _close(sock)
@@ -206,6 +249,8 @@ class Response:
         buffer, self._rest = self._rest, b''
         while True:
             while b'\r\n' not in buffer:
+                if len(buffer) > EVENT_LIMIT:
+                    raise TransportError('a chunk size line over %d bytes' % EVENT_LIMIT)
                 buffer += self._recv()
             size_line, _, buffer = buffer.partition(b'\r\n')
             size = _length(size_line.split(b';', 1)[0], base=16)
@@ -224,6 +269,8 @@ class Response:
             buffer = buffer[2:]
         # Trailers, if any, end with an empty line: the body's end.
         while not (buffer.startswith(b'\r\n') or b'\r\n\r\n' in buffer):
+            if len(buffer) > HEAD_LIMIT:
+                raise TransportError('trailers over %d bytes' % HEAD_LIMIT)
             buffer += self._recv()
         self._done = True
 
@@ -253,7 +300,7 @@ def _parse_head(head):
     """(version, status, {lowercase name: value}) of an answer's head."""
     lines = head.decode('latin-1').split('\r\n')
     parts = lines[0].split(' ', 2)
-    if len(parts) < 2 or not parts[0].startswith('HTTP/') or not parts[1].isdigit():
+    if len(parts) < 2 or not parts[0].startswith('HTTP/') or not _is_status(parts[1]):
         raise TransportError('a malformed status line')
     fields = {}
     for line in lines[1:]:
@@ -263,6 +310,18 @@ def _parse_head(head):
         name, value = name.strip().lower(), value.strip()
         fields[name] = fields[name] + ', ' + value if name in fields else value
     return parts[0], int(parts[1]), fields
+
+
+def _is_status(text):
+    return len(text) == 3 and text.isascii() and text.isdigit()
+
+
+def _readable(sock):
+    """Whether an idle socket has something to read: an end of file, or bytes nobody asked for."""
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def _length(text, base=10):
@@ -281,6 +340,8 @@ def _reason(exc):
 
 
 def _close(sock):
+    if sock is None:
+        return
     try:
         sock.close()
     except OSError:

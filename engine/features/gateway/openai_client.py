@@ -295,6 +295,8 @@ class _Call:
         return _with_usage(failure, self.estimated_usage() if self.parts or self.usage else Usage())
 
     def translate_malformed(self):
+        if self.ctx.is_cancelled() or self.ctx.remaining_s() <= 0:
+            return self.translate(None)  # what a hang-up left half-read is no server's fault
         return _with_usage(
             ProviderError('provider sent a malformed stream event', code='PROVIDER_ERROR'),
             self.estimated_usage(),
@@ -346,6 +348,8 @@ def _event_data(pieces):
         lines = (pending + piece).splitlines(True)
         # The last line waits for its end (a CR may be the first half of a CRLF).
         pending = lines.pop() if lines and not lines[-1].endswith(b'\n') else b''
+        if len(pending) > http_stream.EVENT_LIMIT:
+            raise ValueError('an event line without end')  # a malformed stream
         for line in lines:
             line = line.rstrip(b'\r\n')
             if not line:
@@ -404,10 +408,11 @@ _WATCHER = _Watcher()
 
 
 def _hang_up(response):
-    sock = getattr(response, 'sock', None)  # http_stream's Response
-    if sock is None and hasattr(response, 'extensions'):  # httpx's
-        network = response.extensions.get('network_stream')
-        sock = network.get_extra_info('socket') if network is not None else None
+    if isinstance(response, http_stream.Response):
+        response.hang_up()
+        return
+    network = response.extensions.get('network_stream')  # httpx's
+    sock = network.get_extra_info('socket') if network is not None else None
     if sock is None:
         return
     try:

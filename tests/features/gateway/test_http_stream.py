@@ -95,6 +95,7 @@ def test_an_error_answer_is_read_whole_with_its_headers(serve):
         b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX',  # no line end
         b'HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf',  # closed mid-body
         b'HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\nx',
+        b'HTTP/1.1 \xc2\xb200 OK\r\n\r\n',  # a superscript two is a digit to str.isdigit
     ],
 )
 def test_a_server_that_breaks_the_protocol_is_a_transport_error(serve, answer):
@@ -187,3 +188,33 @@ def test_https_verifies_the_servers_certificate_and_keeps_the_connection(tmp_pat
         assert str(caught.value) == 'SSLCertVerificationError'
     finally:
         server.close()
+
+
+def test_a_header_with_a_line_break_or_beyond_latin_1_is_refused_before_anything_is_sent(serve):
+    server = serve(CHUNKED)
+    endpoint = http_stream.Endpoint(server.url, ssl_context=None)
+    for key in ('sk-key\n', 'sk-key\r\nX-Injected: 1', 'sk-\u200bkey'):
+        with pytest.raises(http_stream.TransportError) as caught:
+            endpoint.post({'Authorization': 'Bearer ' + key}, b'{}', 2.0, 2.0)
+        assert str(caught.value) == 'an invalid header value'  # the key is not quoted
+    assert server.connections == 0
+
+
+def test_a_hung_up_answer_read_to_its_end_never_goes_back_to_the_kept_connections(serve):
+    server = serve(CHUNKED, CHUNKED)
+    endpoint = http_stream.Endpoint(server.url, ssl_context=None)
+    response = post(server, endpoint=endpoint)
+    assert b''.join(response.iter_bytes()) == b'hello!'
+    response.hang_up()  # the watcher, as the body's last bytes were read
+    response.close()
+    assert body_of(post(server, endpoint=endpoint)) == b'hello!'
+    assert server.connections == 2
+
+
+def test_a_kept_connection_idle_past_its_expiry_is_not_used(serve, monkeypatch):
+    server = serve(CHUNKED, CHUNKED)
+    endpoint = http_stream.Endpoint(server.url, ssl_context=None)
+    assert body_of(post(server, endpoint=endpoint)) == b'hello!'
+    monkeypatch.setattr(http_stream, 'IDLE_EXPIRY_S', 0.0)
+    assert body_of(post(server, endpoint=endpoint)) == b'hello!'
+    assert server.connections == 2
