@@ -84,12 +84,6 @@ class MemoryTextChannel:
         self._jobs = collections.OrderedDict()  # job id -> _Log, least recently written first
         self._attempts = collections.OrderedDict()  # job id -> (last attempt, expires at)
 
-    def begin_many(self, job_ids):
-        with self._cond:
-            numbers = [self._begin(job_id) for job_id in job_ids]
-            self._cond.notify_all()
-            return numbers
-
     def _begin(self, job_id):
         """The job's next attempt number, announced by a reset from the second on."""
         number = self._next_attempt(job_id)
@@ -203,22 +197,6 @@ class RedisTextChannel:
         return key[len(self.prefix) + len(':{text}:') :]
 
     @translate_errors
-    def begin_many(self, job_ids):
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id in job_ids:
-            counter = self.key(job_id) + ':attempts'
-            pipe.incr(counter)
-            pipe.pexpire(counter, max(self.ttl_ms, COUNTER_TTL_MS))
-        numbers = pipe.execute()[0::2]
-        resets = [(job_id, n) for job_id, n in zip(job_ids, numbers, strict=True) if n > 1]
-        if resets:
-            pipe = self.redis.pipeline(transaction=False)
-            for job_id, number in resets:
-                self._add(pipe, job_id, {'k': 'r', 'a': number})
-            pipe.execute()
-        return numbers
-
-    @translate_errors
     def append_many(self, messages):
         """As MemoryTextChannel.append_many: one script call (``_APPEND``)."""
         if not messages:
@@ -232,11 +210,6 @@ class RedisTextChannel:
             keys += (key, key + ':attempts')
             args += ('' if attempt is None else attempt, offset, text)
         return self._append(keys=keys, args=args)
-
-    def _add(self, pipe, job_id, fields):
-        key = self.key(job_id)
-        pipe.xadd(key, fields, maxlen=self.max_entries, approximate=True)
-        pipe.pexpire(key, self.ttl_ms)
 
     @translate_errors
     def read(self, job_id, after=None):

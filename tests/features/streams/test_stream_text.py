@@ -268,10 +268,9 @@ class _Feed:
 
 def test_a_reconnect_from_an_earlier_attempt_is_told_of_the_reset_and_gets_the_new_text():
     channel = MemoryTextChannel(ttl_ms=60_000, max_entries=100)
-    (first,) = channel.begin_many(['job-1'])
-    channel.append_many([('job-1', first, 0, 'abc'), ('job-1', first, 3, 'def')])
-    (second,) = channel.begin_many(['job-1'])
-    channel.append_many([('job-1', second, 0, 'xy'), ('job-1', second, 2, 'z')])
+    first, _ = channel.append_many([('job-1', None, 0, 'abc'), ('job-1', 1, 3, 'def')])
+    second, _ = channel.append_many([('job-1', None, 0, 'xy'), ('job-1', 2, 2, 'z')])
+    assert (first, second) == (1, 2)
     waiter = SimpleNamespace(job_id='job-1')
 
     def events(attempt, offset):
@@ -332,9 +331,6 @@ class _Channel:
 
     def __init__(self):
         self.messages = []
-
-    def begin_many(self, job_ids):
-        return [1] * len(job_ids)
 
     def append_many(self, messages):
         self.messages.extend(messages)
@@ -407,8 +403,9 @@ def channel(backend):
 
 
 def test_a_channel_keeps_a_jobs_entries_in_order_capped_and_expiring(channel):
-    assert channel.begin_many(['job-a', 'job-b']) == [1, 1]
-    channel.append_many([('job-a', 1, i, 'x') for i in range(500)] + [('job-b', 1, 0, 'b')])
+    begun = channel.append_many([('job-a', None, 0, 'x'), ('job-b', None, 0, 'b')])
+    assert begun == [1, 1]
+    channel.append_many([('job-a', 1, i, 'x') for i in range(1, 500)])
     entries = channel.read('job-a')
     # Capped (Redis trims whole nodes, so approximately): the newest kept, in order.
     assert 50 <= len(entries) < 500 and entries[-1].offset == 499
@@ -417,17 +414,18 @@ def test_a_channel_keeps_a_jobs_entries_in_order_capped_and_expiring(channel):
     assert channel.wait_new({'job-a': entries[-1].id, 'job-b': None}, 0.05) == {
         'job-b': channel.read('job-b')[-1].id
     }
-    assert channel.begin_many(['job-a']) == [2]  # the next attempt, announced by a reset
-    assert channel.read('job-a', after=entries[-1].id) == [
-        TextEntry(channel.read('job-a')[-1].id, RESET, 2)
-    ]
+    # The next attempt begins with its first message, announced by a reset.
+    assert channel.append_many([('job-a', None, 0, 'y')]) == [2]
+    reset, text = channel.read('job-a', after=entries[-1].id)
+    assert reset == TextEntry(reset.id, RESET, 2)
+    assert (text.kind, text.attempt, text.offset, text.text) == (TEXT_ENTRY, 2, 0, 'y')
     if isinstance(channel, RedisTextChannel):
         assert 0 < channel.redis.pttl(channel.key('job-a')) <= 60_000
         assert 0 < channel.redis.pttl(channel.key('job-b')) <= 60_000
     assert [(e.kind, e.attempt, e.offset, e.text) for e in channel.read('job-b')] == [
         (TEXT_ENTRY, 1, 0, 'b')
     ]
-    # A message without an attempt begins the job's next one, in the same call.
+    # Messages of another attempt and of a new job in the same call.
     last = channel.read('job-a')[-1].id
     assert channel.append_many([('job-a', None, 0, 'new'), ('job-c', None, 0, 'c')]) == [3, 1]
     assert [(e.kind, e.attempt, e.offset, e.text) for e in channel.read('job-a', after=last)] == [
@@ -435,7 +433,6 @@ def test_a_channel_keeps_a_jobs_entries_in_order_capped_and_expiring(channel):
         (TEXT_ENTRY, 3, 0, 'new'),
     ]
     assert [(e.kind, e.attempt, e.text) for e in channel.read('job-c')] == [(TEXT_ENTRY, 1, 'c')]
-    assert channel.begin_many(['job-c']) == [2]
 
 
 @pytest.mark.slow
@@ -462,8 +459,7 @@ def test_the_channel_writes_a_rounds_messages_in_one_call_on_a_cluster(tmp_path)
 def test_the_attempt_counter_outlives_the_text():
     now = [0.0]
     channel = MemoryTextChannel(ttl_ms=1000, max_entries=10, clock=lambda: now[0])
-    channel.begin_many(['job-1'])
-    channel.append_many([('job-1', 1, 0, 'abc')])
+    channel.append_many([('job-1', None, 0, 'abc')])
     now[0] = 5.0  # the text has expired (written on the next write of any job)
-    assert channel.begin_many(['job-1']) == [2]
-    assert [e.kind for e in channel.read('job-1')] == [RESET]
+    assert channel.append_many([('job-1', None, 0, 'd')]) == [2]
+    assert [e.kind for e in channel.read('job-1')] == [RESET, TEXT_ENTRY]

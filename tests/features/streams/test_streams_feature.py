@@ -124,9 +124,11 @@ def test_without_the_feature_a_streamed_call_runs_and_there_is_no_stream(flashca
 def test_the_handle_gives_the_text_of_the_latest_attempt(make_runtime):
     streams = make_runtime().features['streams']
     assert streams.text_of('job-none') == ''
-    assert streams.channel.begin_many(['job-1']) == [1]
-    streams.channel.append_many([('job-1', 1, 0, 'The capital '), ('job-1', 1, 12, 'is')])
+    begun = streams.channel.append_many(
+        [('job-1', None, 0, 'The capital '), ('job-1', 1, 12, 'is')]
+    )
+    assert begun == [1, 1]
     assert streams.text_of('job-1') == 'The capital is'
-    assert streams.channel.begin_many(['job-1']) == [2]  # a retry: its text replaces the first
-    streams.channel.append_many([('job-1', 2, 0, 'Paris')])
+    # A retry begins another attempt: its text replaces the first.
+    assert streams.channel.append_many([('job-1', None, 0, 'Paris')]) == [2]
     assert streams.text_of('job-1') == 'Paris'
