@@ -142,7 +142,7 @@ class Endpoint:
 
 class Response:
     """An answer: ``status_code``, ``headers`` (lowercase names), then its body, read once:
-    ``iter_raw`` (as sent), ``iter_bytes`` (decoded), or ``read`` (whole, into ``content``)."""
+    ``iter_bytes`` (as they arrive, decoded) or ``read`` (whole, into ``content``)."""
 
     def __init__(self, endpoint, sock, read_timeout_s):
         self.endpoint = endpoint
@@ -185,7 +185,7 @@ class Response:
         connection = fields.get('connection', '').lower()
         self._keep_alive = version == 'HTTP/1.1' and 'close' not in connection
 
-    def iter_raw(self):
+    def _raw_body(self):
         try:
             if 'chunked' in self.headers.get('transfer-encoding', '').lower():
                 yield from self._chunked()
@@ -202,13 +202,13 @@ class Response:
     def iter_bytes(self):
         encoding = self.headers.get('content-encoding', 'identity').lower()
         if encoding == 'identity':
-            yield from self.iter_raw()
+            yield from self._raw_body()
             return
         if encoding not in ('gzip', 'deflate'):
             raise TransportError('an unsupported content-encoding')
         decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by the header
         try:
-            for piece in self.iter_raw():
+            for piece in self._raw_body():
                 yield decoder.decompress(piece)
             yield decoder.flush()
         except zlib.error:

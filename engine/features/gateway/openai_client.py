@@ -103,17 +103,16 @@ class OpenAICompatibleProvider(Provider):
         self.base_url = base_url
         self.read_timeout_s = read_timeout_s
         self.prompts = prompts or default_library()
-        # One client per provider; each call sets its own key and timeout, and leases an HTTP
-        # client of the provider's pools (``_HttpPools``), the first of which is the client's.
-        # max_retries=0: a retry here would hide failures from the engine's retry policy.
+        # The chat call goes through the provider's own transport (http_stream.py), or, where
+        # a proxy applies, leases an httpx client of the provider's pools (``_HttpPools``);
+        # each call sets its own key and timeout. The package's client (on the pools' first
+        # httpx client) serves only ``list_models``; max_retries=0: a retry there would hide
+        # failures from the engine's retry policy.
         self._pools = _HttpPools()
         self._chat_url = base_url.rstrip('/') + '/chat/completions'
-        # The chat call's own transport (http_stream.py), unless a proxy applies: httpx then.
         self._endpoint = None
         if not http_stream.proxy_applies(self._chat_url):
             self._endpoint = http_stream.Endpoint(self._chat_url, self._pools.ssl_context)
-        # The package's client serves only ``list_models`` (the chat call goes through httpx:
-        # ``_open``).
         self._client = openai.OpenAI(
             api_key='unset', base_url=base_url, max_retries=0, http_client=self._pools.first
         )
@@ -283,14 +282,13 @@ class _Call:
         return self.usage or Usage(self.prompt_tokens, completion)
 
     def translate(self, exc):
-        """The JobFailure for a failed call (an httpx error, an answer other than 2xx, an
-        error event in the stream), with what the call consumed."""
+        """The JobFailure for a failed call (``classify``), with what the call consumed."""
         if self.ctx.is_cancelled():
             failure = JobCancelledError('cancel requested during the provider call')
         elif self.ctx.remaining_s() <= 0:
             failure = JobTimeoutError('deadline passed during the provider call')
         else:
-            failure = _failure_of(exc)
+            failure = classify(exc)
         # A failure before any chunk was billed nothing we can know of; after, estimate.
         return _with_usage(failure, self.estimated_usage() if self.parts or self.usage else Usage())
 
@@ -318,10 +316,7 @@ class _ErrorEvent(Exception):  # noqa: N818
 def _chunks(response):
     """The stream's chunks as the JSON objects the server sent: ``[DONE]`` ends the stream, an
     event holding an ``error`` raises _ErrorEvent, data that is no JSON object ValueError."""
-    # The raw bytes when the body is not compressed: iter_bytes adds a decoder and a chunker
-    # per read for nothing (a provider streams uncompressed; httpx decodes one that is not).
-    encoded = response.headers.get('content-encoding', 'identity') != 'identity'
-    events = _event_data(response.iter_bytes() if encoded else response.iter_raw())
+    events = _event_data(response.iter_bytes())
     for data in events:
         if data.startswith(b'[DONE]'):
             for _ in events:  # read to the body's end (as the package does), so that a
@@ -421,21 +416,6 @@ def _hang_up(response):
         pass  # already closed by the other side
 
 
-def _failure_of(exc):
-    """contracts §5.2 class of a failed chat call (no deadline or cancellation involved)."""
-    if isinstance(exc, _Answered):
-        return answer_failure(exc.response)
-    if isinstance(exc, _ErrorEvent):
-        return ProviderError(
-            'provider sent an error event: %s' % str(exc)[:300], code='PROVIDER_ERROR'
-        )
-    if isinstance(exc, (httpx2.TimeoutException, http_stream.Timeout)):
-        return ProviderError('provider timed out', code='PROVIDER_TIMEOUT')
-    if isinstance(exc, (httpx2.TransportError, http_stream.TransportError)):
-        return ProviderError('provider connection failed', code='PROVIDER_UNAVAILABLE')
-    return ProviderError('provider error: %s' % exc.__class__.__name__, code='PROVIDER_ERROR')
-
-
 def answer_failure(response):
     """The JobFailure of an answer other than 2xx (its body read), read as the ``openai``
     package reads one: the body's ``error`` object (or the body itself) gives the message, the
@@ -459,12 +439,29 @@ def answer_failure(response):
     )
 
 
+# The timeouts and the connection failures of the three ways a call goes: the chat call's own
+# transport, httpx (where a proxy applies), the ``openai`` package (``list_models``). A timeout
+# is also a connection failure to each of them: it is looked for first.
+_TIMEOUTS = (http_stream.Timeout, httpx2.TimeoutException, openai.APITimeoutError)
+_CONNECTION_FAILURES = (
+    http_stream.TransportError,
+    httpx2.TransportError,
+    openai.APIConnectionError,
+)
+
+
 def classify(exc):
-    """contracts §5.2 class of an ``openai`` exception (no deadline or cancellation involved):
-    ``list_models``'s failures."""
-    if isinstance(exc, openai.APITimeoutError):
+    """contracts §5.2 class of a failed call (no deadline or cancellation involved): an answer
+    other than 2xx, an error event in the stream, a transport's or the package's exception."""
+    if isinstance(exc, _Answered):
+        return answer_failure(exc.response)
+    if isinstance(exc, _ErrorEvent):
+        return ProviderError(
+            'provider sent an error event: %s' % str(exc)[:300], code='PROVIDER_ERROR'
+        )
+    if isinstance(exc, _TIMEOUTS):
         return ProviderError('provider timed out', code='PROVIDER_TIMEOUT')
-    if isinstance(exc, openai.APIConnectionError):
+    if isinstance(exc, _CONNECTION_FAILURES):
         return ProviderError('provider connection failed', code='PROVIDER_UNAVAILABLE')
     if isinstance(exc, openai.APIStatusError):
         return _classify_status(exc)

@@ -319,12 +319,8 @@ class Body:
     def __init__(self, *pieces):
         self.pieces = pieces
 
-    headers = {}
-
     def iter_bytes(self):
         return iter(self.pieces)
-
-    iter_raw = iter_bytes
 
 
 def test_server_sent_events_are_framed_as_the_protocol_says_however_the_bytes_arrive():
