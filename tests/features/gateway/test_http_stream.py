@@ -66,12 +66,21 @@ def test_the_request_is_sent_whole_and_each_framing_of_the_body_is_read(serve):
     assert server.connections == 1  # kept alive through the first three answers
 
 
-def test_a_kept_connection_the_server_closed_meanwhile_is_replaced(serve):
+@pytest.mark.parametrize('seen_before_use', [True, False])
+def test_a_kept_connection_the_server_closed_meanwhile_is_replaced(
+    serve, monkeypatch, seen_before_use
+):
+    """Seen closed when taken (readable: its end of file), or, when the server closes it just
+    as it is taken (here: the check made blind), failing before a byte of the answer came:
+    either way the request goes out once more, on a new connection."""
     server = serve(CHUNKED, CHUNKED, close_after=True)
     endpoint = http_stream.Endpoint(server.url, ssl_context=None)
     assert body_of(post(server, endpoint=endpoint)) == b'hello!'
+    if not seen_before_use:
+        monkeypatch.setattr(http_stream, '_readable', lambda sock: False)
     assert body_of(post(server, endpoint=endpoint)) == b'hello!'
     assert server.connections == 2
+    assert len(server.requests) == 2  # the request went out whole once per answer
 
 
 def test_an_error_answer_is_read_whole_with_its_headers(serve):
@@ -207,6 +216,7 @@ def test_a_hung_up_answer_read_to_its_end_never_goes_back_to_the_kept_connection
     assert b''.join(response.iter_bytes()) == b'hello!'
     response.hang_up()  # the watcher, as the body's last bytes were read
     response.close()
+    assert endpoint._idle == []  # not kept (a kept one would only be refused when taken)
     assert body_of(post(server, endpoint=endpoint)) == b'hello!'
     assert server.connections == 2
 
